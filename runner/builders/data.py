@@ -1,0 +1,108 @@
+"""data -> tf.data pipelines of global batches, split across replicas as the guide describes.
+
+`data.input` picks the guide's input path:
+- tf_data: a Dataset of global batches; Model.fit splits it, the custom loop uses experimental_distribute_dataset.
+- numpy: the arrays themselves go to Model.fit; the custom loop wraps them in a Dataset first.
+- from_function: a dataset_fn(input_context) of per-replica batches, sharded per input pipeline
+  (DatasetCreator for fit, distribute_datasets_from_function for the custom loop).
+"""
+
+from dataclasses import dataclass
+
+from runner.datasets import ArrayData
+from runner.errors import ConfigError
+
+
+@dataclass
+class Data:
+    arrays: ArrayData
+    input: str
+    global_batch_size: int
+    steps_per_epoch: int
+    shuffle: bool
+    shuffle_buffer: int
+    cache: bool
+    prefetch: bool
+    seed: int
+
+    def _pipeline(self, x, y, batch_size, train: bool):
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        if self.cache:
+            ds = ds.cache()
+        if train:
+            if self.shuffle:
+                ds = ds.shuffle(min(self.shuffle_buffer, len(x)), seed=self.seed, reshuffle_each_iteration=True)
+            # Repeat, and keep every step's batch full: equal shards on every replica every step.
+            ds = ds.repeat().batch(batch_size, drop_remainder=True)
+        else:
+            ds = ds.batch(batch_size)
+        if self.prefetch:
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        options = tf.data.Options()
+        # Workers shard by element, not by file: the data are in memory.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        return ds.with_options(options)
+
+    def train_dataset(self):
+        """Global batches, repeated: for Model.fit with steps_per_epoch."""
+        return self._pipeline(self.arrays.x_train, self.arrays.y_train, self.global_batch_size, train=True)
+
+    def eval_dataset(self):
+        return self._pipeline(self.arrays.x_eval, self.arrays.y_eval, self.global_batch_size, train=False)
+
+    def dataset_fn(self, input_context):
+        """Per-replica batches of this input pipeline's shard (distribute_datasets_from_function)."""
+        batch = input_context.get_per_replica_batch_size(self.global_batch_size)
+        n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+        return self._pipeline(self.arrays.x_train[i::n], self.arrays.y_train[i::n], batch, train=True)
+
+    def fit_input(self):
+        """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator."""
+        if self.input == "numpy":
+            return self.arrays.x_train, self.arrays.y_train
+        if self.input == "from_function":
+            import tf_keras
+
+            return tf_keras.utils.experimental.DatasetCreator(self.dataset_fn)
+        return self.train_dataset()
+
+    def distributed_train(self, strategy):
+        if self.input == "from_function":
+            return strategy.distribute_datasets_from_function(self.dataset_fn)
+        return strategy.experimental_distribute_dataset(self.train_dataset())
+
+    def distributed_eval(self, strategy):
+        return strategy.experimental_distribute_dataset(self.eval_dataset())
+
+
+def build_data(cfg, arrays: ArrayData, train_cfg, num_replicas: int) -> Data:
+    gbs = train_cfg.global_batch_size
+    if gbs < num_replicas:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is smaller than the {num_replicas} replicas of this strategy: every replica "
+            f"needs at least one example per step. Use train.global_batch_size>={num_replicas} (a multiple of {num_replicas} splits evenly)."
+        )
+    if cfg.input == "from_function" and gbs % num_replicas:
+        raise ConfigError(
+            f"data.input=from_function needs train.global_batch_size divisible by the {num_replicas} replicas; "
+            f"{gbs} is not. Use {gbs - gbs % num_replicas or num_replicas} or {gbs + num_replicas - gbs % num_replicas}."
+        )
+    n = len(arrays.x_train)
+    if train_cfg.steps_per_epoch is None and n < gbs:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is larger than the {n} training examples of data={cfg.name}; "
+            "lower the batch or set train.steps_per_epoch (the data repeat)."
+        )
+    return Data(
+        arrays=arrays,
+        input=cfg.input,
+        global_batch_size=gbs,
+        steps_per_epoch=train_cfg.steps_per_epoch or n // gbs,
+        shuffle=cfg.shuffle,
+        shuffle_buffer=cfg.shuffle_buffer,
+        cache=cfg.cache,
+        prefetch=cfg.prefetch,
+        seed=train_cfg.seed,
+    )

@@ -1,0 +1,39 @@
+"""devices -> visible GPUs and logical CPUs. Must run before TensorFlow initialises its devices."""
+
+from dataclasses import dataclass
+from typing import List
+
+from runner.errors import ConfigError
+
+
+@dataclass
+class Devices:
+    gpus: List[str]  # logical GPU names, e.g. /device:GPU:0
+    cpus: List[str]  # logical CPU names, e.g. /device:CPU:0 ... /device:CPU:3
+
+    @property
+    def compute(self) -> List[str]:
+        """Where replicas go by default: every GPU, else every logical CPU."""
+        return self.gpus or self.cpus
+
+
+def build_devices(cfg) -> Devices:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if cfg.gpus is not None:
+        bad = [i for i in cfg.gpus if not 0 <= i < len(gpus)]
+        if bad:
+            raise ConfigError(f"devices.gpus={list(cfg.gpus)} names GPU {bad[0]}, but this machine has {len(gpus)} GPU(s) (valid indices: {list(range(len(gpus)))}).")
+        gpus = [gpus[i] for i in cfg.gpus]
+        tf.config.set_visible_devices(gpus, "GPU")
+    if cfg.memory_growth:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+    if cfg.logical_cpus > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cfg.logical_cpus)
+    return Devices(
+        gpus=[d.name for d in tf.config.list_logical_devices("GPU")],
+        cpus=[d.name for d in tf.config.list_logical_devices("CPU")],
+    )

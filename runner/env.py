@@ -1,0 +1,38 @@
+"""Process environment that must be in place before TensorFlow is imported."""
+
+import contextlib
+import os
+import sys
+import tempfile
+
+
+def prepare() -> None:
+    # Keras 3 lacks ParameterServerStrategy support and breaks on uneven replica batches;
+    # tf_keras (Keras 2) is the supported path, and this is read at the first tf.keras access.
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    # Quiet by default; users can still raise the level through their own environment.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # oneDNN reorders float sums, which breaks bit-level comparisons between strategies.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+    """Hide what TensorFlow's C++ side prints at import and device set-up (absl, CUDA probes).
+
+    The text is kept and shown again if the block fails, so nothing useful is lost.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)

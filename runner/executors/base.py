@@ -1,0 +1,97 @@
+"""What every executor takes and returns, and the throughput meter they share."""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Protocol, Sequence
+
+log = logging.getLogger("runner")
+
+
+class Reporter(Protocol):
+    def log_metrics(self, values: Dict[str, float], step: int) -> None: ...
+
+
+@dataclass
+class Job:
+    strategy: Any
+    model: Any  # built inside strategy.scope()
+    optimizer: Any  # built inside strategy.scope()
+    loss: str  # mse | binary_crossentropy | sparse_categorical_crossentropy
+    data: Any  # runner.builders.data.Data
+    train: Any  # the train config node
+    executor: Any  # the executor config node
+    reporter: Reporter
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+
+@dataclass
+class Result:
+    steps: int
+    final_loss: float
+    eval: Dict[str, float] = field(default_factory=dict)
+    examples_per_sec: Optional[float] = None
+
+
+def replica_metrics(values: Sequence[float]) -> Dict[str, float]:
+    return {f"loss/replica_{i}": float(v) for i, v in enumerate(values)}
+
+
+class Throughput:
+    """Examples/sec after warm-up: the first tick (tracing, first batch) is timed apart as time/first_step_sec."""
+
+    def __init__(self, global_batch_size: int, replicas: int):
+        self.gbs, self.replicas = global_batch_size, replicas
+        self.first_step_sec: Optional[float] = None
+        self._start = self._warm_time = self._window_time = None
+        self._warm_step = self._window_step = 0
+        self._last_time, self._last_step = None, 0
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def tick(self, step: int) -> None:
+        now = time.perf_counter()
+        if self.first_step_sec is None:
+            self.first_step_sec = now - self._start
+            self._warm_time = self._window_time = now
+            self._warm_step = self._window_step = step
+        self._last_time, self._last_step = now, step
+
+    def _rates(self, since_time, since_step) -> Dict[str, float]:
+        steps = self._last_step - since_step
+        if self._last_time is None or steps <= 0:
+            return {}
+        seconds = self._last_time - since_time
+        eps = steps * self.gbs / seconds
+        return {
+            "throughput/examples_per_sec": eps,
+            "throughput/examples_per_sec_per_replica": eps / self.replicas,
+            "throughput/step_time_ms": 1000.0 * seconds / steps,
+        }
+
+    def window(self) -> Dict[str, float]:
+        """Rates since the last window, then start a new one."""
+        rates = self._rates(self._window_time, self._window_step)
+        if rates:
+            self._window_time, self._window_step = self._last_time, self._last_step
+        return rates
+
+    def overall(self) -> Dict[str, float]:
+        return self._rates(self._warm_time, self._warm_step)
+
+    def summary(self) -> Dict[str, float]:
+        """Whole-run figures for comparing runs: summary/examples_per_sec ... and time/first_step_sec."""
+        out = {k.replace("throughput/", "summary/"): v for k, v in self.overall().items()}
+        if self.first_step_sec is not None:
+            out["time/first_step_sec"] = self.first_step_sec
+        return out
+
+
+def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: Dict[str, float]) -> str:
+    eps = rates.get("throughput/examples_per_sec")
+    speed = f" {eps:,.0f} examples/s" if eps else ""
+    return f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}{speed}"

@@ -1,0 +1,206 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each YAML option lists its schema first in its defaults (`/schema/<group>/<option>@_here_`), so a
+wrong type or an unknown key fails while Hydra composes the config, before TensorFlow is imported.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+# --- strategy: one schema per tf.distribute strategy, fields mirror the constructor arguments ---
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+
+
+@dataclass
+class OneDeviceConfig(StrategyConfig):
+    device: Optional[str] = None  # None: /gpu:0 when a GPU is visible, else /cpu:0
+
+
+@dataclass
+class MirroredConfig(StrategyConfig):
+    devices: Optional[List[str]] = None  # None: all visible GPUs, else all logical CPUs
+
+
+@dataclass
+class CentralStorageConfig(StrategyConfig):
+    compute_devices: Optional[List[str]] = None  # None: all visible GPUs, else all logical CPUs
+    parameter_device: Optional[str] = None  # None: /cpu:0
+
+
+@dataclass
+class MultiWorkerMirroredConfig(StrategyConfig):
+    collective_timeout_sec: Optional[float] = None  # CommunicationOptions(timeout_seconds=...)
+
+
+@dataclass
+class VariablePartitionerConfig:
+    kind: str = "none"  # none | fixed_shards | min_size | max_size
+    num_shards: int = 2  # fixed_shards
+    min_shard_bytes: int = 256 << 10  # min_size
+    max_shards: int = 2  # min_size and max_size
+    max_shard_bytes: int = 1 << 20  # max_size
+
+
+@dataclass
+class ParameterServerConfig(StrategyConfig):
+    variable_partitioner: VariablePartitionerConfig = field(default_factory=VariablePartitionerConfig)
+
+
+@dataclass
+class TPUConfig(StrategyConfig):
+    tpu: str = "local"  # TPU name, grpc://host:port address, or "local" for a TPU VM
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    connect_timeout_sec: float = 30.0  # a grpc address with nothing behind it hangs; give up after this
+
+
+# --- cross_device_ops: all-reduce for mirrored, communication implementation for multi-worker ---
+@dataclass
+class CrossDeviceOpsConfig:
+    name: str = MISSING
+    num_packs: int = 1  # NcclAllReduce / HierarchicalCopyAllReduce
+    reduce_to_device: Optional[str] = None  # ReductionToOneDevice; None: TF's choice
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+
+
+# --- data ---
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    input: str = "tf_data"  # tf_data | numpy | from_function
+    shuffle: bool = True
+    shuffle_buffer: int = 10_000
+    cache: bool = False
+    prefetch: bool = True
+
+
+@dataclass
+class OnesDataConfig(DataConfig):
+    num_examples: int = 100
+    eval_examples: int = 100
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    task: str = "classification"  # classification | regression
+    num_examples: int = 4096
+    eval_examples: int = 1024
+    num_features: int = 20
+    num_classes: int = 4
+    noise: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class DigitsDataConfig(DataConfig):
+    eval_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclass
+class NpzDataConfig(DataConfig):
+    path: str = MISSING
+    task: str = "classification"
+    x_train: str = "x_train"
+    y_train: str = "y_train"
+    x_eval: str = "x_eval"  # when absent from the file, eval_fraction of the training arrays is held out
+    y_eval: str = "y_eval"
+    eval_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclass
+class ExecutorConfig:
+    name: str = MISSING
+    verbose: str = "auto"  # fit only: auto (progress bar on a terminal, one line per epoch otherwise) | 0 | 1 | 2
+
+
+# --- plain nodes of the root config ---
+@dataclass
+class DevicesConfig:
+    logical_cpus: int = 1  # split the CPU into N logical devices so multi-replica strategies run anywhere
+    gpus: Optional[List[int]] = None  # indices of the GPUs to make visible; None: all
+    memory_growth: bool = True
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"  # sgd | adam | rmsprop | adagrad
+    learning_rate: float = 0.01
+    momentum: float = 0.0  # sgd and rmsprop
+    clipnorm: Optional[float] = None
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 2
+    steps_per_epoch: Optional[int] = None  # None: training examples // global batch
+    global_batch_size: int = 64
+    loss: str = "auto"  # auto | mse | binary_crossentropy | sparse_categorical_crossentropy
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    seed: int = 0
+    steps_per_execution: int = 1  # fit: steps per tf.function call
+    steps_per_loop: int = 1  # custom_loop: steps per tf.function call
+    log_every_n_steps: int = 10
+
+
+@dataclass
+class MlflowConfig:
+    experiment_name: str = "runner"
+    run_name: Optional[str] = None
+    tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
+
+
+@dataclass
+class RunnerConfig:
+    strategy: Any = MISSING
+    cross_device_ops: Any = MISSING
+    cluster: Any = MISSING
+    model: Any = MISSING  # open: `_target_` plus the function's own arguments
+    data: Any = MISSING
+    executor: Any = MISSING
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    save_model: bool = True
+    output_dir: Optional[str] = None
+
+
+GROUP_SCHEMAS = {
+    "strategy": {
+        "default": StrategyConfig,
+        "one_device": OneDeviceConfig,
+        "mirrored": MirroredConfig,
+        "central_storage": CentralStorageConfig,
+        "multi_worker_mirrored": MultiWorkerMirroredConfig,
+        "parameter_server": ParameterServerConfig,
+        "tpu": TPUConfig,
+    },
+    "cross_device_ops": {"base": CrossDeviceOpsConfig},
+    "cluster": {"base": ClusterConfig},
+    "data": {
+        "ones": OnesDataConfig,
+        "synthetic": SyntheticDataConfig,
+        "digits": DigitsDataConfig,
+        "npz": NpzDataConfig,
+    },
+    "executor": {"base": ExecutorConfig},
+}
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="runner_schema", node=RunnerConfig)
+    for group, options in GROUP_SCHEMAS.items():
+        for option, node in options.items():
+            cs.store(group=f"schema/{group}", name=option, node=node)

@@ -1,0 +1,134 @@
+"""The one module that talks to MLflow: run lifecycle, batched metrics, params, tags, artifacts, FAILED status.
+
+Everything else reports through `RunLog.log_metrics(values, step)` and never imports mlflow.
+"""
+
+import contextlib
+import glob
+import logging
+import os
+import time
+import traceback
+from typing import Dict, Iterator, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.errors import ConfigError
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3.17's own default: embedded, no server
+MAX_PARAM_LENGTH = 6000
+METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
+FLUSH_EVERY_SEC = 10.0
+
+log = logging.getLogger("runner")
+
+
+def resolve_tracking_uri(configured: Optional[str]) -> str:
+    """mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    legacy = glob.glob(os.path.join("mlruns", "[0-9]*", "meta.yaml"))
+    if legacy and not os.path.exists("mlflow.db"):
+        raise ConfigError(
+            f"./mlruns in {os.getcwd()} holds runs in MLflow's old file store, which MLflow 3.17 no longer opens by "
+            "default. Migrate them once with `mlflow migrate-filestore --source . --target sqlite:///mlflow.db` "
+            "(the runner then uses mlflow.db), or keep the file store with "
+            "MLFLOW_TRACKING_URI=file:./mlruns MLFLOW_ALLOW_FILE_STORE=true."
+        )
+    return DEFAULT_URI
+
+
+def flatten(node, prefix: str = "") -> Dict[str, str]:
+    """{'train.optimizer.name': 'sgd', ...} for MLflow params."""
+    out: Dict[str, str] = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    else:
+        out[prefix[:-1]] = str(node)[:MAX_PARAM_LENGTH]
+    return out
+
+
+class RunLog:
+    """One MLflow run: buffered metrics, sent with log_batch so logging costs training almost nothing."""
+
+    def __init__(self, client, run_id: str):
+        self._client = client
+        self.run_id = run_id
+        self._buffer = []
+        self._last_flush = time.monotonic()
+
+    def log_metrics(self, values: Dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in values.items())
+        if len(self._buffer) >= METRICS_PER_BATCH or time.monotonic() - self._last_flush > FLUSH_EVERY_SEC:
+            self.flush()
+
+    def flush(self) -> None:
+        while self._buffer:
+            chunk, self._buffer = self._buffer[:METRICS_PER_BATCH], self._buffer[METRICS_PER_BATCH:]
+            self._client.log_batch(self.run_id, metrics=chunk)
+        self._last_flush = time.monotonic()
+
+    def set_tags(self, tags: Dict[str, object]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def log_params(self, params: Dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self._client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_artifact(self, path: str, artifact_path: Optional[str] = None) -> None:
+        self._client.log_artifact(self.run_id, path, artifact_path)
+
+    def log_text(self, text: str, name: str) -> None:
+        self._client.log_text(self.run_id, text, name)
+
+
+@contextlib.contextmanager
+def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
+    """Start a run with the composed config as params and artifacts; end it FINISHED, FAILED or KILLED."""
+    uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    import mlflow
+    from mlflow import MlflowClient
+
+    for name in ("mlflow", "alembic"):  # after the import: mlflow sets its own level when imported
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.set_experiment(cfg.mlflow.experiment_name)
+    client = MlflowClient(uri)
+    run = client.create_run(
+        experiment.experiment_id,
+        run_name=cfg.mlflow.run_name,
+        tags={"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name},
+    )
+    runlog = RunLog(client, run.info.run_id)
+    log.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_name, run.info.run_id, cfg.mlflow.experiment_name, uri)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    runlog.log_params(flatten(container))
+    runlog.log_text(OmegaConf.to_yaml(container), "config.yaml")
+    runlog.log_text("\n".join(overrides) + "\n", "overrides.txt")
+    status = "FAILED"
+    try:
+        yield runlog
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException as err:
+        runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
+        runlog.log_text("".join(traceback.format_exception(err)), "error.txt")
+        raise
+    finally:
+        try:
+            runlog.flush()
+        finally:
+            client.set_terminated(runlog.run_id, status)
