@@ -1,0 +1,79 @@
+"""Config-only behaviour: composition, schemas, validation, and no TensorFlow import on these paths."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from runner import schema
+from runner.errors import ConfigError
+from runner.validate import validate
+
+schema.register()
+
+
+def composed(*overrides):
+    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group,options", [
+    ("strategy", ["default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu"]),
+    ("cross_device_ops", ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring"]),
+    ("model", ["linear", "mlp", "cnn"]),
+    ("data", ["ones", "synthetic", "digits", "npz"]),
+    ("executor", ["fit", "custom_loop"]),
+    ("cluster", ["local"]),
+])
+def test_every_option_composes_with_its_own_name(group, options):
+    for option in options:
+        cfg = composed(f"{group}={option}")
+        node = cfg[group]
+        if group == "model":
+            assert node._target_ == f"runner.models.{option}"
+        else:
+            assert node.name == option
+
+
+def test_schema_types_fields_of_the_chosen_option():
+    cfg = composed("strategy=parameter_server", "strategy.variable_partitioner.num_shards=4")
+    assert cfg.strategy.variable_partitioner.num_shards == 4
+    assert OmegaConf.get_type(cfg.strategy).__name__ == "ParameterServerConfig"
+
+
+def test_default_config_validates():
+    validate(composed())
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["train.epochs=0"], "train.epochs=0"),
+    (["train.global_batch_size=-4"], "train.global_batch_size=-4"),
+    (["train.steps_per_epoch=0"], "train.steps_per_epoch=0"),
+    (["train.optimizer.name=lbfgs"], "sgd, adam, rmsprop, adagrad"),
+    (["train.loss=hinge"], "mse"),
+    (["data.input=pandas"], "tf_data, numpy, from_function"),
+    (["strategy=mirrored", "cross_device_ops=ring"], "strategy=multi_worker_mirrored"),
+    (["strategy=multi_worker_mirrored", "cross_device_ops=hierarchical_copy"], "auto or ring or nccl"),
+    (["strategy=one_device", "cross_device_ops=nccl"], "strategy=one_device takes cross_device_ops=auto"),
+    (["strategy=parameter_server"], "cluster=local"),
+    (["data=npz", "data.path=/no/such/file.npz"], "/no/such/file.npz"),
+    (["data=digits", "data.eval_fraction=1.5"], "data.eval_fraction=1.5"),
+])
+def test_validation_names_the_bad_value(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(composed(*overrides))
+    assert needle in str(err.value)
+
+
+def test_config_only_commands_do_not_import_tensorflow():
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('TF_LOADED=' + str('tensorflow' in sys.modules)))\n"
+        "sys.argv = ['runner', '--cfg', 'job', 'strategy=mirrored']\n"
+        "import runpy; runpy.run_module('runner', run_name='__main__')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
+    assert "name: mirrored" in out
+    assert "TF_LOADED=False" in out

@@ -1,0 +1,104 @@
+"""Real training on logical CPUs with every strategy x executor that runs here, checked against
+the default strategy (same global batch, seed and steps must give the same weights) and read back from MLflow."""
+
+import numpy as np
+import pytest
+
+from conftest import FAST, mlflow_run_by_name
+
+STRATEGIES = {
+    "default": ["strategy=default"],
+    "one_device": ["strategy=one_device"],
+    "mirrored1": ["strategy=mirrored", "devices.logical_cpus=1"],
+    "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],
+    "central_storage": ["strategy=central_storage", "devices.logical_cpus=4"],
+    "mwms_single": ["strategy=multi_worker_mirrored"],
+}
+EXECUTORS = ["fit", "custom_loop"]
+EXPERIMENT = "matrix"
+
+
+@pytest.fixture(scope="module")
+def matrix(runner):
+    jobs = {
+        f"{s}-{e}": [*args, f"executor={e}", *FAST, f"mlflow.experiment_name={EXPERIMENT}"]
+        for s, args in STRATEGIES.items()
+        for e in EXECUTORS
+    }
+    done = runner.many(jobs)
+    for name, result in done.items():
+        assert result.returncode == 0, f"{name} failed:\n{result.output[-3000:]}"
+    return done
+
+
+def weights(run_dir):
+    import tf_keras
+
+    return tf_keras.models.load_model(run_dir / "model.keras", compile=False).get_weights()
+
+
+def history(runner, name, key):
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+    return [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_training_lowers_the_loss(matrix, runner, strategy, executor):
+    losses = history(runner, f"{strategy}-{executor}", "loss/replica_0")
+    assert len(losses) == 16  # 2 epochs x 512 // 64 steps, logged every step
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("strategy", ["mirrored4", "central_storage", "one_device", "mwms_single"])
+def test_distributed_weights_equal_the_default_strategy(matrix, strategy, executor):
+    reference = weights(matrix[f"default-{executor}"].run_dir)
+    got = weights(matrix[f"{strategy}-{executor}"].run_dir)
+    assert len(got) == len(reference)
+    for a, b in zip(got, reference):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+def test_fit_and_custom_loop_reach_the_same_weights(matrix):
+    """Model.fit's mean loss and the guide's compute_average_loss over the global batch are the same objective."""
+    for a, b in zip(weights(matrix["mirrored4-fit"].run_dir), weights(matrix["mirrored4-custom_loop"].run_dir)):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_replica_losses_average_to_the_single_replica_loss(matrix, runner, executor):
+    """The 4 shards of a global batch, averaged, give the loss the default strategy computed on the whole batch."""
+    name = f"mirrored4-{executor}"
+    shards = np.array([history(runner, name, f"loss/replica_{i}") for i in range(4)])
+    whole = np.array(history(runner, f"default-{executor}", "loss/replica_0"))
+    assert not np.allclose(shards[0], shards[1])  # the shards really differ
+    np.testing.assert_allclose(shards.mean(axis=0), whole, rtol=1e-4)
+
+
+def test_mlflow_run_holds_params_tags_and_metrics(matrix, runner):
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "mirrored4-custom_loop")
+    assert run.info.status == "FINISHED"
+    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    assert params["strategy.name"] == "mirrored"
+    assert params["executor.name"] == "custom_loop"
+    assert params["train.global_batch_size"] == "64"
+    assert params["devices.logical_cpus"] == "4"
+    assert tags["strategy"] == "MirroredStrategy"
+    assert tags["num_replicas_in_sync"] == "4"
+    assert tags["devices"].count("CPU") == 4
+    assert tags["tensorflow_version"].startswith("2.21")
+    for i in range(4):
+        assert f"loss/replica_{i}" in metrics
+    assert "loss/replica_4" not in metrics
+    for key in ["loss", "eval/loss", "eval/accuracy", "throughput/examples_per_sec",
+                "throughput/examples_per_sec_per_replica", "throughput/step_time_ms", "time/first_step_sec",
+                "summary/examples_per_sec"]:
+        assert key in metrics, key
+    assert metrics["throughput/examples_per_sec"] == pytest.approx(4 * metrics["throughput/examples_per_sec_per_replica"])
+    assert 0 < metrics["eval/accuracy"] <= 1
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "overrides.txt", "model"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model.keras"]
+    config = client.download_artifacts(run.info.run_id, "config.yaml")
+    assert "name: mirrored" in open(config).read()
