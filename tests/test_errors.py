@@ -66,3 +66,15 @@ def test_hardware_and_data_mistakes_fail_fast_and_mark_the_run_failed(runner, tm
         _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
         assert run.info.status == "FAILED", name
         assert needles[0] in run.data.tags["error"]
+
+
+def test_old_file_store_gets_a_migration_hint(tmp_path):
+    from conftest import run_runner
+
+    (tmp_path / "mlruns" / "0").mkdir(parents=True)
+    (tmp_path / "mlruns" / "0" / "meta.yaml").write_text("name: Default\n")
+    result = run_runner([], cwd=tmp_path, run_dir=tmp_path / "out")
+    assert result.returncode == 2, result.output[-2000:]
+    assert "mlflow migrate-filestore --source . --target sqlite:///mlflow.db" in result.stderr
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in result.stderr
+    assert not (tmp_path / "mlflow.db").exists()
