@@ -3,18 +3,24 @@
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner import schema
-from runner.errors import ConfigError
+from runner.errors import RunnerError
 from runner.validate import validate
 
 schema.register()
+# `${runner.or:a,b}`: a unless it is null or empty (hydra.run.dir is resume=<dir> when given).
+OmegaConf.register_new_resolver("runner.or", lambda first, second: first or second, replace=True)
 
 
 def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics)."""
     validate(cfg)
+    if cfg.cluster.name == "localhost":
+        from runner.launcher import launch  # starts tf_config tasks; no TensorFlow in this process
+
+        return launch(cfg)
     from runner.experiment import run_experiment  # imports TensorFlow
 
     return run_experiment(cfg)
@@ -24,7 +30,7 @@ def run(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
-    except ConfigError as err:
-        # A config mistake: one readable message on stderr, no stack trace.
+    except RunnerError as err:
+        # A config mistake or a dead task: one readable message on stderr, no stack trace.
         print(f"Error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

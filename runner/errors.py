@@ -1,7 +1,17 @@
 """Errors a user can act on: printed as one message, never as a TensorFlow stack trace."""
 
 
-class ConfigError(Exception):
+class RunnerError(Exception):
+    exit_code = 1
+
+
+class ConfigError(RunnerError):
     """A config value (or the machine it runs on) cannot work; the message says what to use instead."""
 
     exit_code = 2
+
+
+class ClusterError(RunnerError):
+    """A task of a multi-process cluster died or never joined; the message names it."""
+
+    exit_code = 3

@@ -1,14 +1,22 @@
-"""One experiment, in the order data flows: devices -> cluster -> strategy -> data -> model -> executor -> tracking."""
+"""One task of an experiment, in the order data flows:
+devices -> cluster -> strategy -> data -> model -> executor, inside the MLflow run.
 
+In a cluster, this process plays its TF_CONFIG task: ps (and, under parameter_server, worker) tasks serve
+variables and steps, an evaluator evaluates checkpoints, and the rest train. Only the chief logs and saves.
+"""
+
+import contextlib
 import logging
 import os
 import platform
+import sys
+import threading
 
 from omegaconf import DictConfig
 
 from runner import datasets
 from runner.env import native_stderr_captured
-from runner.tracking import mlflow_run
+from runner.tracking import NullRun, mlflow_run
 
 log = logging.getLogger("runner")
 
@@ -33,44 +41,105 @@ def _import_tensorflow(devices_cfg):
         return tf, build_devices(devices_cfg)
 
 
+def task_role(strategy_name: str, cluster) -> str:
+    """trainer | server | evaluator."""
+    if cluster.task_type == "evaluator":
+        return "evaluator"
+    if cluster.task_type == "ps" or (strategy_name == "parameter_server" and cluster.task_type == "worker"):
+        return "server"
+    return "trainer"
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, what: str, run):
+    """Strategy constructors wait silently for absent peers: stop with a message instead."""
+    def expire():
+        message = f"Error: {what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?"
+        print(message, file=sys.stderr, flush=True)
+        run.set_tags({"error": message})
+        if getattr(run, "run_id", None) and not os.environ.get("RUNNER_MLFLOW_RUN_ID"):
+            run._client.set_terminated(run.run_id, "FAILED")
+        os._exit(3)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def serve(tf, cluster) -> dict:
+    """A ps or parameter-server worker task: run a tf.distribute.Server until stopped."""
+    server = tf.distribute.Server(
+        cluster.resolver.cluster_spec(), job_name=cluster.task_type, task_index=cluster.task_id,
+        protocol=cluster.resolver.rpc_layer or "grpc", start=True,
+    )
+    log.info("%s serving at %s", cluster.task, server.target.decode() if isinstance(server.target, bytes) else server.target)
+    server.join()
+    return {}
+
+
 def run_experiment(cfg: DictConfig) -> dict:
-    overrides = _hydra_overrides()
-    with mlflow_run(cfg, overrides) as run:
-        tf, devices = _import_tensorflow(cfg.devices)
-        import tf_keras
+    tf, devices = _import_tensorflow(cfg.devices)
+    from runner.builders.cluster import build_cluster
 
-        from runner.builders.cluster import build_cluster
-        from runner.builders.data import build_data
-        from runner.builders.model import build_model, build_optimizer, loss_name
-        from runner.builders.strategy import build_strategy
-        from runner.executors import Job, get_executor
+    cluster = build_cluster(cfg.cluster)
+    role = task_role(cfg.strategy.name, cluster)
+    if role == "server":
+        return serve(tf, cluster)
+    if role == "evaluator":
+        from runner.evaluator import evaluate_checkpoints
 
-        cluster = build_cluster(cfg.cluster)
+        return evaluate_checkpoints(cfg, cluster)
+    run_context = mlflow_run(cfg, _hydra_overrides()) if cluster.is_chief else contextlib.nullcontext(NullRun())
+    with run_context as run:
+        return _train(cfg, tf, devices, cluster, run)
+
+
+def _train(cfg, tf, devices, cluster, run) -> dict:
+    import tf_keras
+
+    from runner.builders.data import build_data
+    from runner.builders.model import build_model, build_optimizer, loss_name
+    from runner.builders.strategy import build_strategy
+    from runner.checkpoints import Checkpoints
+    from runner.executors import Job, get_executor
+
+    with deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster", run):
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
-        replicas = strategy.num_replicas_in_sync
-        log.info("%s with %d replica(s) on %s", type(strategy).__name__, replicas, ", ".join(devices.compute))
-        run.set_tags({
-            "strategy": type(strategy).__name__,
-            "num_replicas_in_sync": replicas,
-            "devices": ",".join(devices.compute),
-            "tensorflow_version": tf.__version__,
-            "tf_keras_version": tf_keras.__version__,
-            "python_version": platform.python_version(),
-        })
-        arrays = datasets.load(cfg.data)
-        data = build_data(cfg.data, arrays, cfg.train, replicas)
-        tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
-        with strategy.scope():
-            model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
-            optimizer = build_optimizer(cfg.train.optimizer)
-        loss = loss_name(cfg.train, arrays.task)
-        job = Job(strategy, model, optimizer, loss, data, cfg.train, cfg.executor, run)
-        result = get_executor(cfg.executor.name)(job)
-        if cfg.save_model and cluster.is_chief and cfg.output_dir:
-            path = os.path.join(cfg.output_dir, "model.keras")
-            model.save(path)
-            run.log_artifact(path, "model")
-            log.info("model saved to %s", path)
-        log.info("done: %d steps, final loss %.4f, %s", result.steps, result.final_loss,
-                 ", ".join(f"{k}={v:.4f}" for k, v in result.eval.items()))
-        return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval}
+    replicas = strategy.num_replicas_in_sync
+    log.info("%s%s with %d replica(s) on %s", f"{cluster.task}: " if cluster.task_type else "",
+             type(strategy).__name__, replicas, ", ".join(devices.compute))
+    run.set_tags({
+        "strategy": type(strategy).__name__,
+        "num_replicas_in_sync": replicas,
+        "num_workers": cluster.num_workers,
+        "devices": ",".join(devices.compute),
+        "tensorflow_version": tf.__version__,
+        "tf_keras_version": tf_keras.__version__,
+        "python_version": platform.python_version(),
+    })
+    arrays = datasets.load(cfg.data)
+    data = build_data(cfg.data, arrays, cfg.train, replicas)
+    tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
+    with strategy.scope():
+        model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
+        optimizer = build_optimizer(cfg.train.optimizer)
+        optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
+    checkpoints = None
+    if cfg.checkpoint.enabled and cfg.output_dir:
+        directory = cfg.checkpoint.dir or os.path.join(cfg.output_dir, "checkpoints")
+        checkpoints = Checkpoints(directory, cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer)
+    job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
+              cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
+    result = get_executor(cfg.executor.name)(job)
+    if cfg.save_model and cluster.is_chief and cfg.output_dir:
+        path = os.path.join(cfg.output_dir, "model.keras")
+        model.save(path)
+        run.log_artifact(path, "model")
+        log.info("model saved to %s", path)
+    log.info("done: %d steps, final loss %.4f%s", result.steps, result.final_loss,
+             "".join(f", {k}={v:.4f}" for k, v in result.eval.items()))
+    return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval}

@@ -54,10 +54,7 @@ class ParameterServerConfig(StrategyConfig):
 
 @dataclass
 class TPUConfig(StrategyConfig):
-    tpu: str = "local"  # TPU name, grpc://host:port address, or "local" for a TPU VM
-    zone: Optional[str] = None
-    project: Optional[str] = None
-    connect_timeout_sec: float = 30.0  # a grpc address with nothing behind it hangs; give up after this
+    pass  # the TPU's address is the cluster's: cluster=tpu cluster.tpu=...
 
 
 # --- cross_device_ops: all-reduce for mirrored, communication implementation for multi-worker ---
@@ -71,6 +68,40 @@ class CrossDeviceOpsConfig:
 @dataclass
 class ClusterConfig:
     name: str = MISSING
+    start_timeout_sec: float = 120.0  # a task still waiting for its peers after this stops with an error
+
+
+@dataclass
+class LocalhostClusterConfig(ClusterConfig):
+    workers: int = 2
+    ps: int = 0
+    chief: bool = False  # parameter_server always gets a chief: the coordinator
+    evaluator: bool = False  # a side-car evaluator task that evaluates each checkpoint
+    failure_grace_sec: float = 5.0  # after a task dies, how long the others get to exit before they are killed
+    restart_workers: int = 3  # parameter_server: restart a dead worker or ps task up to this many times
+
+
+@dataclass
+class SlurmClusterConfig(ClusterConfig):
+    port_base: int = 8888
+    ps: int = 0  # with parameter_server: the first `ps` Slurm tasks become ps, the next one the chief
+    gpus_per_node: Optional[int] = None  # None: ask nvidia-smi, or 0 where there is none
+
+
+@dataclass
+class TPUClusterConfig(ClusterConfig):
+    tpu: str = "local"  # TPU name, grpc://host:port address, or "local" on a TPU VM
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    connect_timeout_sec: float = 30.0  # an address with nothing behind it hangs: give up after this
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    dir: Optional[str] = None  # None: <output_dir>/checkpoints
+    every_n_steps: Optional[int] = None  # custom loop; None: at the end of each epoch (fit: always per epoch)
+    max_to_keep: int = 3
 
 
 # --- data ---
@@ -172,6 +203,8 @@ class RunnerConfig:
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: Optional[str] = None  # an earlier run's output directory: continue its checkpoint and MLflow run
     save_model: bool = True
     output_dir: Optional[str] = None
 
@@ -187,7 +220,13 @@ GROUP_SCHEMAS = {
         "tpu": TPUConfig,
     },
     "cross_device_ops": {"base": CrossDeviceOpsConfig},
-    "cluster": {"base": ClusterConfig},
+    "cluster": {
+        "local": ClusterConfig,
+        "localhost": LocalhostClusterConfig,
+        "tf_config": ClusterConfig,
+        "slurm": SlurmClusterConfig,
+        "tpu": TPUClusterConfig,
+    },
     "data": {
         "ones": OnesDataConfig,
         "synthetic": SyntheticDataConfig,

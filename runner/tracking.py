@@ -92,30 +92,83 @@ class RunLog:
         self._client.log_text(self.run_id, text, name)
 
 
-@contextlib.contextmanager
-def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
-    """Start a run with the composed config as params and artifacts; end it FINISHED, FAILED or KILLED."""
+RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
+ATTACH_ENV = "RUNNER_MLFLOW_RUN_ID"  # set by the localhost launcher: tasks log into its run
+
+
+class NullRun:
+    """What a non-chief task reports to: nothing, so each metric is logged once per cluster."""
+
+    run_id = None
+
+    def log_metrics(self, values, step):
+        pass
+
+    def flush(self):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def log_artifact(self, path, artifact_path=None):
+        pass
+
+
+def _open_client(cfg):
     uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
     import mlflow
     from mlflow import MlflowClient
 
     for name in ("mlflow", "alembic"):  # after the import: mlflow sets its own level when imported
         logging.getLogger(name).setLevel(logging.WARNING)
-
     mlflow.set_tracking_uri(uri)
-    experiment = mlflow.set_experiment(cfg.mlflow.experiment_name)
-    client = MlflowClient(uri)
-    run = client.create_run(
-        experiment.experiment_id,
-        run_name=cfg.mlflow.run_name,
-        tags={"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name},
-    )
-    runlog = RunLog(client, run.info.run_id)
-    log.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_name, run.info.run_id, cfg.mlflow.experiment_name, uri)
-    container = OmegaConf.to_container(cfg, resolve=True)
-    runlog.log_params(flatten(container))
-    runlog.log_text(OmegaConf.to_yaml(container), "config.yaml")
-    runlog.log_text("\n".join(overrides) + "\n", "overrides.txt")
+    return uri, MlflowClient(uri)
+
+
+def _saved_run_id(output_dir: Optional[str]) -> Optional[str]:
+    path = os.path.join(output_dir or "", RUN_ID_FILE)
+    return open(path).read().strip() if output_dir and os.path.isfile(path) else None
+
+
+@contextlib.contextmanager
+def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
+    """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED.
+
+    A new run gets the composed config as params and artifacts. A run id saved in the output directory
+    (a rerun or resume=<dir>) continues that run. Under the localhost launcher, tasks attach to the
+    launcher's run (RUNNER_MLFLOW_RUN_ID) and leave ending it to the launcher.
+    """
+    uri, client = _open_client(cfg)
+    attached = os.environ.get(ATTACH_ENV)
+    resumed = None if attached else _saved_run_id(cfg.output_dir)
+    if attached or resumed:
+        run = client.get_run(attached or resumed)
+        if resumed:
+            client.update_run(resumed, status="RUNNING")
+            client.set_tag(resumed, "resumed_with", " ".join(overrides))
+        runlog = RunLog(client, run.info.run_id)
+        log.info("MLflow run %s (%s) %s", run.info.run_name, run.info.run_id, "continued" if resumed else "attached")
+    else:
+        import mlflow
+
+        experiment = mlflow.set_experiment(cfg.mlflow.experiment_name)
+        run = client.create_run(
+            experiment.experiment_id,
+            run_name=cfg.mlflow.run_name,
+            tags={"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name,
+                  "cluster.name": cfg.cluster.name},
+        )
+        runlog = RunLog(client, run.info.run_id)
+        log.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_name, run.info.run_id, cfg.mlflow.experiment_name, uri)
+        container = OmegaConf.to_container(cfg, resolve=True)
+        runlog.log_params(flatten(container))
+        runlog.log_text(OmegaConf.to_yaml(container), "config.yaml")
+        runlog.log_text("\n".join(overrides) + "\n", "overrides.txt")
+        if cfg.output_dir:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            with open(os.path.join(cfg.output_dir, RUN_ID_FILE), "w") as f:
+                f.write(run.info.run_id)
+    runlog.tracking_uri = uri
     status = "FAILED"
     try:
         yield runlog
@@ -131,4 +184,5 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
         try:
             runlog.flush()
         finally:
-            client.set_terminated(runlog.run_id, status)
+            if not attached:
+                client.set_terminated(runlog.run_id, status)

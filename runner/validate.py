@@ -86,14 +86,44 @@ def cross_device_ops_fit_strategy(cfg):
         )
 
 
+MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+PROCESS_CLUSTERS = ("localhost", "tf_config", "slurm")
+
+
 @check
 def strategy_fits_cluster(cfg):
-    if cfg.strategy.name in CLUSTER_STRATEGIES and cfg.cluster.name == "local":
+    strategy, cluster = cfg.strategy.name, cfg.cluster.name
+    if strategy == "tpu" and cluster != "tpu":
         raise ConfigError(
-            f"strategy={cfg.strategy.name} needs a cluster of worker and ps tasks, but cluster=local is this one "
-            "process. Use a cluster of several tasks (TF_CONFIG), or a single-process strategy: "
-            "default, one_device, mirrored, central_storage, multi_worker_mirrored."
+            f"strategy=tpu needs cluster=tpu with the TPU's address (cluster.tpu=<name or grpc://host:port>), "
+            f"not cluster={cluster}. Without a TPU use strategy=mirrored or one_device."
         )
+    if cluster == "tpu" and strategy != "tpu":
+        raise ConfigError(f"cluster=tpu only goes with strategy=tpu, not strategy={strategy}.")
+    if strategy == "parameter_server" and cluster not in PROCESS_CLUSTERS:
+        raise ConfigError(
+            f"strategy=parameter_server needs a cluster of worker and ps tasks, but cluster={cluster} is this one "
+            "process. Use cluster=localhost cluster.ps=1 (tasks on this machine), cluster=tf_config or cluster=slurm; "
+            "or a single-process strategy: default, one_device, mirrored, central_storage, multi_worker_mirrored."
+        )
+    if cluster in PROCESS_CLUSTERS and strategy not in MULTI_PROCESS_STRATEGIES:
+        raise ConfigError(
+            f"strategy={strategy} runs in one process and cannot use cluster={cluster}; "
+            "use strategy=multi_worker_mirrored or strategy=parameter_server, or cluster=local."
+        )
+
+
+@check
+def localhost_cluster_shape(cfg):
+    c = cfg.cluster
+    if c.name != "localhost":
+        return
+    if c.workers < 1:
+        raise ConfigError(f"cluster.workers={c.workers} must be 1 or more.")
+    if cfg.strategy.name == "parameter_server" and c.ps < 1:
+        raise ConfigError(f"strategy=parameter_server needs cluster.ps=1 or more (got {c.ps}).")
+    if cfg.strategy.name == "multi_worker_mirrored" and c.ps:
+        raise ConfigError(f"cluster.ps={c.ps}: ps tasks only exist with strategy=parameter_server; use cluster.ps=0.")
 
 
 @check

@@ -12,6 +12,8 @@ from runner.errors import ConfigError
 from runner.validate import validate
 
 schema.register()
+from omegaconf import OmegaConf as _O
+_O.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
 
 
 def composed(*overrides):
@@ -25,7 +27,7 @@ def composed(*overrides):
     ("model", ["linear", "mlp", "cnn"]),
     ("data", ["ones", "synthetic", "digits", "npz"]),
     ("executor", ["fit", "custom_loop"]),
-    ("cluster", ["local"]),
+    ("cluster", ["local", "localhost", "tf_config", "slurm", "tpu"]),
 ])
 def test_every_option_composes_with_its_own_name(group, options):
     for option in options:
@@ -58,6 +60,9 @@ def test_default_config_validates():
     (["strategy=multi_worker_mirrored", "cross_device_ops=hierarchical_copy"], "auto or ring or nccl"),
     (["strategy=one_device", "cross_device_ops=nccl"], "strategy=one_device takes cross_device_ops=auto"),
     (["strategy=parameter_server"], "cluster=local"),
+    (["strategy=tpu"], "strategy=tpu needs cluster=tpu"),
+    (["strategy=mirrored", "cluster=localhost"], "use strategy=multi_worker_mirrored or strategy=parameter_server"),
+    (["strategy=parameter_server", "cluster=localhost"], "cluster.ps=1 or more"),
     (["data=npz", "data.path=/no/such/file.npz"], "/no/such/file.npz"),
     (["data=digits", "data.eval_fraction=1.5"], "data.eval_fraction=1.5"),
 ])

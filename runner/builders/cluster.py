@@ -1,25 +1,119 @@
-"""cluster -> where this process stands in the cluster. `local`: one process, no TF_CONFIG."""
+"""cluster -> a cluster resolver and this process's task in it.
 
+`local`: one process. `tf_config`: TFConfigClusterResolver (Kubernetes and other schedulers set TF_CONFIG).
+`slurm`: SlurmClusterResolver. `tpu`: TPUClusterResolver, connected and initialised here, at program start.
+(`localhost` never gets here: runner/launcher.py starts tf_config tasks instead.)
+"""
+
+import json
+import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from runner.errors import ConfigError
 
 
 @dataclass
 class Cluster:
     name: str
-    resolver: Optional[Any] = None  # a tf.distribute.cluster_resolver.ClusterResolver, when there is a cluster
+    resolver: Optional[Any] = None  # a tf.distribute.cluster_resolver.ClusterResolver
     task_type: Optional[str] = None
     task_id: int = 0
 
     @property
+    def jobs(self) -> dict:
+        return {} if self.resolver is None else self.resolver.cluster_spec().as_dict()
+
+    @property
+    def task(self) -> str:
+        return f"{self.task_type}:{self.task_id}" if self.task_type else "local"
+
+    @property
+    def num_workers(self) -> int:
+        """Processes that run training steps: the workers, plus the chief unless it only coordinates (ps)."""
+        jobs = self.jobs
+        chief = 0 if "ps" in jobs else len(jobs.get("chief", []))
+        return max(1, len(jobs.get("worker", [])) + chief)
+
+    @property
     def is_chief(self) -> bool:
         """The task that logs and saves: the chief, or worker 0 when there is no chief."""
-        if self.resolver is None or self.task_type is None:
+        if self.task_type is None:
             return True
-        if "chief" in self.resolver.cluster_spec().jobs:
+        if "chief" in self.jobs:
             return self.task_type == "chief"
         return self.task_type == "worker" and self.task_id == 0
 
 
+def _tf_config(cfg) -> Cluster:
+    import tensorflow as tf
+
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise ConfigError("cluster=tf_config needs the TF_CONFIG environment variable (JSON with 'cluster' and 'task'); it is not set.")
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {raw[:200]!r}") from None
+    task = spec.get("task") or {}
+    jobs = spec.get("cluster") or {}
+    if "type" not in task or "index" not in task:
+        raise ConfigError(f"TF_CONFIG has no task {{'type': ..., 'index': ...}} for this process: {raw[:200]!r}")
+    if task["type"] not in jobs and task["type"] != "evaluator":
+        raise ConfigError(f"TF_CONFIG task type {task['type']!r} is not a job of its cluster ({', '.join(jobs) or 'none'}).")
+    if task["type"] in jobs and not 0 <= int(task["index"]) < len(jobs[task["type"]]):
+        raise ConfigError(f"TF_CONFIG task index {task['index']} is out of range: job {task['type']!r} has {len(jobs[task['type']])} task(s).")
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
+
+
+def _slurm(cfg) -> Cluster:
+    import tensorflow as tf
+
+    if "SLURM_PROCID" not in os.environ:
+        raise ConfigError("cluster=slurm must run inside a Slurm allocation (srun or sbatch): SLURM_PROCID is not set.")
+    ntasks = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS", "1"))
+    if cfg.ps:
+        jobs = {"ps": cfg.ps, "chief": 1, "worker": ntasks - cfg.ps - 1}
+    else:
+        jobs = {"worker": ntasks}
+    gpus = cfg.gpus_per_node if cfg.gpus_per_node is not None else 0
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        jobs=jobs, port_base=cfg.port_base, gpus_per_node=gpus, auto_set_gpu=gpus > 0
+    )
+    return Cluster("slurm", resolver, resolver.task_type, int(resolver.task_id))
+
+
+def _tpu(cfg) -> Cluster:
+    import tensorflow as tf
+
+    result = {}
+
+    def connect():  # in a thread: a grpc address with nothing behind it blocks for minutes
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.tpu, zone=cfg.zone, project=cfg.project)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            result["resolver"] = resolver
+        except Exception as err:  # NotFoundError, ValueError, URLError...
+            result["error"] = err
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(cfg.connect_timeout_sec)
+    if "resolver" not in result:
+        why = (f"{type(result['error']).__name__}: {str(result['error']).strip().splitlines()[0]}" if "error" in result
+               else f"no answer within cluster.connect_timeout_sec={cfg.connect_timeout_sec}")
+        raise ConfigError(
+            f"cluster=tpu could not reach a TPU at cluster.tpu={cfg.tpu!r} ({why}). Point cluster.tpu at a TPU name "
+            "or grpc://host:port address; without a TPU use strategy=mirrored or one_device with cluster=local."
+        )
+    return Cluster("tpu", result["resolver"])
+
+
 def build_cluster(cfg) -> Cluster:
-    return Cluster(name=cfg.name)
+    builders = {"local": lambda c: Cluster("local"), "tf_config": _tf_config, "slurm": _slurm, "tpu": _tpu}
+    if cfg.name not in builders:
+        raise ConfigError(f"cluster={cfg.name} cannot be built inside a task; choose one of: {', '.join(builders)}.")
+    return builders[cfg.name](cfg)

@@ -58,11 +58,11 @@ class Data:
         n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
         return self._pipeline(self.arrays.x_train[i::n], self.arrays.y_train[i::n], batch, train=True)
 
-    def fit_input(self):
-        """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator."""
-        if self.input == "numpy":
+    def fit_input(self, dataset_creator: bool = False):
+        """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator (always, for parameter_server)."""
+        if self.input == "numpy" and not dataset_creator:
             return self.arrays.x_train, self.arrays.y_train
-        if self.input == "from_function":
+        if self.input == "from_function" or dataset_creator:
             import tf_keras
 
             return tf_keras.utils.experimental.DatasetCreator(self.dataset_fn)

@@ -33,7 +33,9 @@ def build_devices(cfg) -> Devices:
     if cfg.logical_cpus > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cfg.logical_cpus)
+    # Names from the configuration, not list_logical_devices(): that would initialise TensorFlow's context,
+    # and MultiWorkerMirroredStrategy must configure collective ops before it is initialised.
     return Devices(
-        gpus=[d.name for d in tf.config.list_logical_devices("GPU")],
-        cpus=[d.name for d in tf.config.list_logical_devices("CPU")],
+        gpus=[f"/device:GPU:{i}" for i in range(len(gpus))],
+        cpus=[f"/device:CPU:{i}" for i in range(cfg.logical_cpus)],
     )

@@ -1,7 +1,5 @@
 """strategy -> a real tf.distribute.Strategy. One branch per option in conf/strategy/."""
 
-import threading
-
 from runner.builders.cluster import Cluster
 from runner.builders.cross_device_ops import build_communication_options, build_cross_device_ops
 from runner.builders.devices import Devices
@@ -69,28 +67,7 @@ def _parameter_server(cfg, ops_cfg, devices, cluster):
 def _tpu(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
-    result = {}
-
-    def connect():  # runs in a thread: a grpc address with nothing behind it blocks for minutes
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.tpu, zone=cfg.zone, project=cfg.project)
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            result["resolver"] = resolver
-        except Exception as err:  # NotFoundError, ValueError, URLError...
-            result["error"] = err
-
-    thread = threading.Thread(target=connect, daemon=True)
-    thread.start()
-    thread.join(cfg.connect_timeout_sec)
-    if "resolver" not in result:
-        why = f"{type(result['error']).__name__}: {str(result['error']).splitlines()[0]}" if "error" in result else (
-            f"no answer within strategy.connect_timeout_sec={cfg.connect_timeout_sec}")
-        raise ConfigError(
-            f"strategy=tpu could not reach a TPU at strategy.tpu={cfg.tpu!r} ({why}). This machine has no usable TPU: "
-            "point strategy.tpu at a TPU name or grpc:// address, or use strategy=mirrored or one_device."
-        )
-    return tf.distribute.TPUStrategy(result["resolver"])
+    return tf.distribute.TPUStrategy(cluster.resolver)  # connected and initialised by the cluster builder
 
 
 BUILDERS = {

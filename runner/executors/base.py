@@ -22,10 +22,30 @@ class Job:
     train: Any  # the train config node
     executor: Any  # the executor config node
     reporter: Reporter
+    cluster: Any = None  # runner.builders.cluster.Cluster
+    checkpoints: Any = None  # runner.checkpoints.Checkpoints, or None when checkpointing is off
+    checkpoint_every: Optional[int] = None  # steps; None: each epoch end
 
     @property
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
+
+    @property
+    def multi_worker(self) -> bool:
+        return self.cluster is not None and self.cluster.num_workers > 1
+
+    @property
+    def parameter_server(self) -> bool:
+        import tensorflow as tf
+
+        return isinstance(self.strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+    def restore(self) -> int:
+        """Global step to start from: the latest checkpoint's, or 0."""
+        step = self.checkpoints.restore() if self.checkpoints else 0
+        if step:
+            log.info("resumed from checkpoint at step %d in %s", step, self.checkpoints.directory)
+        return step
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The guide's custom training loop: GradientTape, strategy.run, compute_average_loss, strategy.reduce.
 
 train.steps_per_loop steps run inside one tf.function call (a tf.range loop over the distributed iterator),
-which cuts host overhead the way Orbit's loop_fns do.
+which cuts host overhead the way Orbit's loop_fns do. Under parameter_server the same step function is
+scheduled on the workers through a ClusterCoordinator (runner/executors/ps_loop.py).
 """
 
 import time
@@ -9,29 +10,14 @@ import time
 from runner.executors.base import Job, Result, Throughput, log, progress_line, replica_metrics
 
 
-def _local_vector(strategy, per_replica):
-    """This worker's per-replica scalars as one vector, in replica order."""
+def make_replica_step(job: Job, per_example_loss):
+    """One replica's training step; returns its share of the global loss and its shard's mean loss."""
     import tensorflow as tf
 
-    return tf.stack([tf.reshape(v, []) for v in strategy.experimental_local_results(per_replica)])
-
-
-def run_custom_loop(job: Job) -> Result:
-    import tensorflow as tf
-    import tf_keras
-
-    from runner.builders.model import build_loss, build_metrics
-
-    strategy, model, optimizer, data = job.strategy, job.model, job.optimizer, job.data
-    gbs = data.global_batch_size
-    with strategy.scope():
-        per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
-        eval_loss = tf_keras.metrics.Mean(name="loss")
-        eval_metrics = build_metrics(job.loss)
-    num_local = strategy.num_replicas_in_sync  # one worker: every replica is local
+    model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
 
     def replica_step(inputs):
-        x, y = inputs
+        x, y = inputs[0], inputs[1]
         with tf.GradientTape() as tape:
             losses = per_example_loss(y, model(x, training=True))
             # Gradients are summed across replicas: divide by the global batch, not the replica's.
@@ -40,56 +26,110 @@ def run_custom_loop(job: Job) -> Result:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, tf.reduce_mean(losses)
+        return loss, tf.reshape(tf.reduce_mean(losses), [1])
+
+    return replica_step
+
+
+def make_evaluator(job: Job, per_example_loss):
+    """(update(batch) to run per replica, results() -> {'eval/loss': ..., 'eval/accuracy': ...})."""
+    import tf_keras
+
+    from runner.builders.model import build_metrics
+
+    with job.strategy.scope():
+        mean_loss = tf_keras.metrics.Mean(name="loss")
+        metrics = build_metrics(job.loss)
+
+    def update(inputs):
+        x, y = inputs[0], inputs[1]
+        logits = job.model(x, training=False)
+        mean_loss.update_state(per_example_loss(y, logits))
+        for metric in metrics:
+            metric.update_state(y, logits)
+
+    def results():
+        return {f"eval/{m.name}": float(m.result()) for m in [mean_loss, *metrics]}
+
+    return update, results
+
+
+def checkpoint_due(job: Job, step: int, epoch_end: bool, last_saved: int) -> bool:
+    if not job.checkpoints:
+        return False
+    if job.checkpoint_every:
+        return step - last_saved >= job.checkpoint_every or (epoch_end and step == job.train.epochs * job.data.steps_per_epoch)
+    return epoch_end
+
+
+def run_custom_loop(job: Job) -> Result:
+    if job.parameter_server:
+        from runner.executors.ps_loop import run_ps_loop
+
+        return run_ps_loop(job)
+    import tensorflow as tf
+    import tf_keras
+
+    from runner.builders.model import build_loss
+
+    strategy, data = job.strategy, job.data
+    with strategy.scope():
+        per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
+    replica_step = make_replica_step(job, per_example_loss)
+    eval_update, eval_results = make_evaluator(job, per_example_loss)
+    replicas = strategy.num_replicas_in_sync
+
+    def replica_vector(shard):
+        # every replica of the cluster: gather across workers; one worker: its local results, in order
+        if job.multi_worker:
+            return strategy.gather(shard, axis=0)
+        return tf.concat(strategy.experimental_local_results(shard), axis=0)
 
     @tf.function
     def train_loop(iterator, num_steps):
-        total, shards = tf.constant(0.0), tf.zeros([num_local])
+        total, shards = tf.constant(0.0), tf.zeros([replicas])
         for _ in tf.range(num_steps):
             loss, shard = strategy.run(replica_step, args=(next(iterator),))
             total += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-            shards += _local_vector(strategy, shard)
+            shards += replica_vector(shard)
         n = tf.cast(num_steps, tf.float32)
         return total / n, shards / n
 
-    def replica_eval(inputs):
-        x, y = inputs
-        logits = model(x, training=False)
-        eval_loss.update_state(per_example_loss(y, logits))
-        for metric in eval_metrics:
-            metric.update_state(y, logits)
-
     @tf.function
     def eval_step(inputs):
-        strategy.run(replica_eval, args=(inputs,))
+        strategy.run(eval_update, args=(inputs,))
 
     spe, epochs, every = data.steps_per_epoch, job.train.epochs, job.train.log_every_n_steps
     per_call = job.train.steps_per_loop
-    meter = Throughput(gbs, job.replicas)
+    meter = Throughput(data.global_batch_size, job.replicas)
+    step = last_saved = job.restore()
     iterator = iter(data.distributed_train(strategy))
     log.info("training with a custom loop: %d epochs x %d steps (%d per tf.function call), global batch %d over %d replica(s)",
-             epochs, spe, per_call, gbs, job.replicas)
+             epochs, spe, per_call, data.global_batch_size, job.replicas)
     meter.start()
-    step, epoch_loss = 0, 0.0
-    for epoch in range(epochs):
-        done, loss_sum, logged_at = 0, 0.0, 0
+    epoch_loss = float("nan")
+    for epoch in range(step // spe, epochs):
+        done = step - epoch * spe
+        loss_sum, counted, logged_at = 0.0, 0, done
         while done < spe:
-            n = min(per_call, spe - done)
+            n = min(per_call, spe - done, max(1, job.checkpoint_every or spe))
             loss, shards = train_loop(iterator, tf.constant(n))
-            done, step = done + n, step + n
+            done, step, counted = done + n, step + n, counted + n
             loss_sum += float(loss) * n
             meter.tick(step)
+            epoch_loss = loss_sum / counted
             if done - logged_at >= every or done == spe:
                 logged_at = done
-                epoch_loss = loss_sum / done
                 rates = meter.window()
                 job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics(shards.numpy()), **rates}, step)
                 log.info(progress_line(epoch + 1, epochs, done, spe, epoch_loss, rates))
+            if checkpoint_due(job, step, done == spe, last_saved):
+                job.checkpoints.save(step)
+                last_saved = step
     started = time.perf_counter()
     for batch in data.distributed_eval(strategy):
         eval_step(batch)
-    results = {"eval/loss": float(eval_loss.result())}
-    results.update({f"eval/{m.name}": float(m.result()) for m in eval_metrics})
+    results = eval_results()
     log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
     job.reporter.log_metrics({**results, **meter.summary()}, step)
     return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"))

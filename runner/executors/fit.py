@@ -2,10 +2,12 @@
 
 import sys
 
+import numpy as np
+
 from runner.executors.base import Job, Result, Throughput, log, replica_metrics
 
 
-def _replica_loss_model(inner, per_example_loss):
+def _replica_loss_model(inner, per_example_loss, gather: bool):
     """Wrap the user's model so each train step also returns every replica's own shard loss.
 
     The shard losses are all-gathered inside the step, so each replica holds the same vector and
@@ -30,22 +32,25 @@ def _replica_loss_model(inner, per_example_loss):
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
             shard = tf.reshape(tf.reduce_mean(per_example_loss(y, y_pred)), [1])
-            logs["replica_losses"] = tf.distribute.get_replica_context().all_gather(shard, axis=0)
+            # parameter_server has one replica per step: nothing to gather
+            logs["replica_losses"] = tf.distribute.get_replica_context().all_gather(shard, axis=0) if gather else shard
             return logs
 
     return ReplicaLossModel()
 
 
-def _callback(job: Job, meter: Throughput):
+def _callbacks(job: Job, meter: Throughput, initial_step: int):
     import tf_keras
 
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
 
-    class Report(tf_keras.callbacks.Callback):
+    class EpochReport(tf_keras.callbacks.Callback):
+        """Checkpoints, and metrics once per epoch (all that parameter_server allows: no batch-level hooks)."""
+
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = True  # no per-step NumPy conversion unless we log
-            self.epoch, self.logged_at = 0, 0
+            self._supports_tf_logs = not job.parameter_server  # remote values there: let Keras fetch them
+            self.epoch, self.logged_at = 0, initial_step
 
         def on_train_begin(self, logs=None):
             meter.start()
@@ -53,17 +58,45 @@ def _callback(job: Job, meter: Throughput):
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
+        def report(self, step, logs):
+            self.logged_at = step
+            values = {k: float(np.mean(v)) for k, v in logs.items() if k != "replica_losses"}
+            values.update(replica_metrics(np.ravel(logs["replica_losses"])))
+            values.update(meter.window())
+            job.reporter.log_metrics(values, step)
+
+        def on_epoch_end(self, epoch, logs=None):
+            step = (epoch + 1) * spe
+            if job.parameter_server:
+                meter.tick(step)
+                self.report(step, logs)
+            if job.checkpoints:
+                job.checkpoints.save(step)
+
+    class BatchReport(EpochReport):
+        """Metrics every train.log_every_n_steps steps."""
+
         def on_train_batch_end(self, batch, logs=None):
             step = self.epoch * spe + batch + 1
             meter.tick(step)
             if step - self.logged_at >= every or batch + 1 == spe:
-                self.logged_at = step
-                values = {k: float(v) for k, v in logs.items() if k != "replica_losses"}
-                values.update(replica_metrics(logs["replica_losses"].numpy()))
-                values.update(meter.window())
-                job.reporter.log_metrics(values, step)
+                self.report(step, logs)
 
-    return Report()
+    return [EpochReport() if job.parameter_server else BatchReport()]
+
+
+def evaluate_on_coordinator(job: Job) -> dict:
+    """parameter_server: Model.evaluate would schedule a finite dataset on the workers (OutOfRange at its end);
+    evaluate here instead, reading the variables from the ps tasks."""
+    import tf_keras
+
+    from runner.builders.model import build_loss
+    from runner.executors.custom_loop import make_evaluator
+
+    update, results = make_evaluator(job, build_loss(job.loss, tf_keras.losses.Reduction.NONE))
+    for batch in job.data.eval_dataset():
+        update(batch)
+    return results()
 
 
 def run_fit(job: Job) -> Result:
@@ -72,7 +105,7 @@ def run_fit(job: Job) -> Result:
     from runner.builders.model import build_loss, build_metrics
 
     with job.strategy.scope():
-        model = _replica_loss_model(job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE))
+        model = _replica_loss_model(job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), not job.parameter_server)
         model.compile(
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
@@ -84,18 +117,25 @@ def run_fit(job: Job) -> Result:
     verbose = (1 if sys.stdout.isatty() else 2) if verbose == "auto" else int(verbose)
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
-    fit_input = data.fit_input()
-    kwargs = {"batch_size": data.global_batch_size} if data.input == "numpy" else {}
-    x, y = fit_input if data.input == "numpy" else (fit_input, None)
+    initial_epoch = job.restore() // data.steps_per_epoch
+    fit_input = data.fit_input(dataset_creator=job.parameter_server)
+    arrays_in = data.input == "numpy" and not job.parameter_server
+    kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
+    x, y = fit_input if arrays_in else (fit_input, None)
     log.info("training with Model.fit: %d epochs x %d steps, global batch %d over %d replica(s)",
              job.train.epochs, data.steps_per_epoch, data.global_batch_size, job.replicas)
     history = model.fit(
-        x, y, epochs=job.train.epochs, steps_per_epoch=data.steps_per_epoch, verbose=verbose,
-        callbacks=[_callback(job, meter)], shuffle=data.shuffle, **kwargs,
+        x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
+        verbose=verbose, callbacks=_callbacks(job, meter, initial_epoch * data.steps_per_epoch), shuffle=data.shuffle,
+        **kwargs,
     )
     steps = job.train.epochs * data.steps_per_epoch
-    eval_input = (data.arrays.x_eval, data.arrays.y_eval) if data.input == "numpy" else (data.eval_dataset(), None)
-    results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
-    eval_metrics = {f"eval/{k}": float(v) for k, v in results.items()}
+    if job.parameter_server:
+        eval_metrics = evaluate_on_coordinator(job)
+    else:
+        eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
+        results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
+        eval_metrics = {f"eval/{k}": float(v) for k, v in results.items()}
     job.reporter.log_metrics({**eval_metrics, **meter.summary()}, steps)
-    return Result(steps, float(history.history["loss"][-1]), eval_metrics, meter.overall().get("throughput/examples_per_sec"))
+    losses = history.history.get("loss") or [float("nan")]  # empty when resumed after the last epoch
+    return Result(steps, float(losses[-1]), eval_metrics, meter.overall().get("throughput/examples_per_sec"))

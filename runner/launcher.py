@@ -1,0 +1,202 @@
+"""cluster=localhost: start every task as its own OS process on 127.0.0.1 and supervise them.
+
+Each task is `python -m runner <same overrides> cluster=tf_config` with its own TF_CONFIG. Their output is
+merged here with a `[task]` prefix. The launcher owns the MLflow run (tasks attach to it), and stops every
+task when the job ends, fails or is interrupted. No TensorFlow is imported in this process.
+"""
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from omegaconf import DictConfig
+
+from runner.errors import ClusterError
+from runner.tracking import ATTACH_ENV, mlflow_run
+
+log = logging.getLogger("runner")
+LAUNCH_ENV = "RUNNER_LAUNCH_ID"  # marks every process of one launch (tests look for leftovers by it)
+POLL_SEC = 0.2
+
+
+def free_ports(n: int) -> List[int]:
+    """Ports the OS says are free now; taken right before the tasks start to keep the race short."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def cluster_spec(cfg) -> Dict[str, List[str]]:
+    c = cfg.cluster
+    ps_strategy = cfg.strategy.name == "parameter_server"
+    shape = {"chief": 1 if (c.chief or ps_strategy) else 0, "worker": c.workers, "ps": c.ps if ps_strategy else 0}
+    ports = iter(free_ports(sum(shape.values())))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in shape.items() if n}
+
+
+def signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class Task:
+    type: str
+    index: int
+    argv: List[str]
+    env: Dict[str, str]
+    run_dir: str
+    proc: Optional[subprocess.Popen] = None
+    restarts: int = 0
+    pumps: List[threading.Thread] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    @property
+    def is_server(self) -> bool:
+        """ps and (under parameter_server) worker tasks only serve; they never end by themselves."""
+        return self.env.get("RUNNER_TASK_ROLE") == "server"
+
+    def start(self, lock: threading.Lock) -> None:
+        # A session of its own, so stopping the task stops everything it started.
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True,
+        )
+        log.info("started %s (pid %d)", self.name, self.proc.pid)
+        pump = threading.Thread(target=self._pump, args=(self.proc, lock), daemon=True)
+        pump.start()
+        self.pumps.append(pump)
+
+    def _pump(self, proc, lock):
+        for line in proc.stdout:
+            with lock:
+                sys.stdout.write(f"[{self.name}] {line}")
+                sys.stdout.flush()
+
+    def stop(self, grace: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _task_overrides(overrides: List[str]) -> List[str]:
+    """The user's overrides, minus what the launcher decides for each task."""
+    owned = ("cluster", "hydra.run.dir", "resume", "checkpoint.dir", "mlflow.tracking_uri")
+    return [o for o in overrides if not o.lstrip("+~").split("=")[0].split(".")[0] in ("cluster", "resume")
+            and not o.lstrip("+~").startswith(owned)]
+
+
+def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) -> List[Task]:
+    spec = cluster_spec(cfg)
+    out = cfg.output_dir
+    launch_id = uuid.uuid4().hex
+    ps_strategy = cfg.strategy.name == "parameter_server"
+    tasks = []
+    members = [(job, i) for job, addrs in spec.items() for i in range(len(addrs))]
+    if cfg.cluster.evaluator:
+        members.append(("evaluator", 0))
+    for job, i in members:
+        env = dict(os.environ)
+        env.update({
+            "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": job, "index": i}}),
+            ATTACH_ENV: run_id,
+            LAUNCH_ENV: launch_id,
+            "PYTHONUNBUFFERED": "1",
+            "RUNNER_TASK_ROLE": "server" if job == "ps" or (ps_strategy and job == "worker") else job,
+        })
+        run_dir = os.path.join(out, f"{job}-{i}")
+        argv = [sys.executable, "-m", "runner", *_task_overrides(overrides),
+                "cluster=tf_config", f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
+                f"hydra.run.dir={run_dir}",
+                f"checkpoint.dir={cfg.checkpoint.dir or os.path.join(out, 'checkpoints')}",
+                f"mlflow.tracking_uri={uri}"]
+        tasks.append(Task(job, i, argv, env, run_dir))
+    return tasks
+
+
+def _trainers(tasks: List[Task]) -> List[Task]:
+    return [t for t in tasks if not t.is_server and t.type != "evaluator"]
+
+
+def supervise(tasks: List[Task], cfg) -> None:
+    """Run until every trainer exits 0. A dead server task is restarted (parameter_server recovers);
+    any other task that fails stops the whole cluster with an error naming it."""
+    lock = threading.Lock()
+    for t in tasks:
+        t.start(lock)
+    trainers = _trainers(tasks)
+    while True:
+        time.sleep(POLL_SEC)
+        for t in tasks:
+            code = t.proc.poll()
+            if code is None or (code == 0 and not t.is_server):
+                continue
+            if t.is_server and t.restarts < cfg.cluster.restart_workers:
+                t.restarts += 1
+                log.warning("%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers)
+                t.start(lock)
+                continue
+            raise ClusterError(
+                f"task {t.name} (pid {t.proc.pid}) stopped: {signal_name(code)}. The other tasks were stopped. "
+                f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "
+                "continue from the last checkpoint."
+            )
+        if all(t.proc.poll() == 0 for t in trainers):
+            evaluators = [t for t in tasks if t.type == "evaluator"]
+            for t in evaluators:  # it ends by itself after the last checkpoint
+                try:
+                    t.proc.wait(timeout=cfg.cluster.start_timeout_sec)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not finish evaluating; stopping it", t.name)
+            return
+
+
+def launch(cfg: DictConfig) -> dict:
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    with mlflow_run(cfg, overrides) as run:
+        tasks = build_tasks(cfg, overrides, run.run_id, run.tracking_uri)
+        log.info("cluster on 127.0.0.1: %s", ", ".join(t.name for t in tasks))
+        run.set_tags({"cluster.tasks": ",".join(t.name for t in tasks)})
+        try:
+            supervise(tasks, cfg)
+        finally:
+            # Trainers first (a coordinator outliving its servers floods the log), then the rest.
+            for t in _trainers(tasks) + [t for t in tasks if t not in _trainers(tasks)]:
+                t.stop(cfg.cluster.failure_grace_sec)
+            for t in tasks:
+                for pump in t.pumps:
+                    pump.join(timeout=2)
+        log.info("all %d tasks finished", len(tasks))
+        return {"run_id": run.run_id}
