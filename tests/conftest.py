@@ -85,3 +85,66 @@ def mlflow_run_by_name(uri, experiment, name):
     found = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
     assert len(found) == 1, f"expected one run named {name!r}, found {len(found)}"
     return client, found[0]
+
+
+def leftover_processes(marker_env="RUNNER_LAUNCH_ID"):
+    """PIDs of processes that still carry a launcher's marker in their environment."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker_env.encode() + b"=" in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+class LiveRun:
+    """A runner process whose merged output is read line by line while it runs."""
+
+    def __init__(self, args, cwd, run_dir, tracking_uri):
+        import queue
+        import threading
+
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        env["PYTHONUNBUFFERED"] = "1"
+        argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={tracking_uri}"]
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines, self._queue = [], queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, predicate, timeout):
+        """The first line for which predicate(line) is true; fails after timeout seconds."""
+        import queue
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if predicate(line):
+                return line
+        raise AssertionError("expected line never came; output:\n" + "".join(self.lines[-60:]))
+
+    def finish(self, timeout):
+        """(exit code, whole output)."""
+        code = self.proc.wait(timeout=timeout)
+        while True:
+            line = self._queue.get(timeout=10)
+            if line is None:
+                break
+            self.lines.append(line)
+        return code, "".join(self.lines)

@@ -29,12 +29,19 @@ def assert_clean_failure(result, code, *needles):
     (["strategy=mirrored", "cross_device_ops=ring"], 2, ["cross_device_ops=ring does not apply to strategy=mirrored"]),
     (["data=npz", "data.path=missing.npz"], 2, ["data.path='missing.npz': no such file"]),
     (["train.global_batch_size=0"], 2, ["train.global_batch_size=0 must be a positive integer"]),
+    (["strategy=tpu"], 2, ["strategy=tpu needs cluster=tpu"]),
 ])
 def test_config_mistakes_fail_before_tensorflow(runner, args, code, needles):
     name = "config-" + re.sub(r"[^A-Za-z0-9]+", "_", "-".join(args))
     result = runner(name, [*args, f"mlflow.experiment_name={EXPERIMENT}"])
     assert_clean_failure(result, code, *needles)
     assert "MLflow run" not in result.output  # nothing started, so nothing to mark
+
+
+def test_tpu_without_a_tpu_fails_fast(runner):
+    """The TPU is probed while the cluster is resolved, before any run starts."""
+    result = runner("tpu-probe", ["strategy=tpu", "cluster=tpu", f"mlflow.experiment_name={EXPERIMENT}"])
+    assert_clean_failure(result, 2, "cluster=tpu could not reach a TPU at cluster.tpu='local'", "strategy=mirrored")
 
 
 def _npz(tmp_path):
@@ -52,7 +59,6 @@ def test_hardware_and_data_mistakes_fail_fast_and_mark_the_run_failed(runner, tm
         "nccl-mirrored": (["strategy=mirrored", "cross_device_ops=nccl"],
                           ["cross_device_ops=nccl needs NVIDIA GPUs", "hierarchical_copy or reduction_to_one_device"]),
         "nccl-mwms": (["strategy=multi_worker_mirrored", "cross_device_ops=nccl"], ["Use cross_device_ops=ring or auto"]),
-        "tpu": (["strategy=tpu"], ["strategy=tpu could not reach a TPU", "strategy.tpu='local'", "strategy=mirrored"]),
         "batch-below-replicas": (["strategy=mirrored", "devices.logical_cpus=4", "train.global_batch_size=3"],
                                  ["train.global_batch_size=3 is smaller than the 4 replicas"]),
         "corrupt-npz": (["data=npz", f"data.path={corrupt}"], ["could not be read as a .npz file"]),

@@ -1,0 +1,169 @@
+"""Multi-process clusters on 127.0.0.1: MultiWorkerMirroredStrategy and ParameterServerStrategy with both
+executors, TF_CONFIG tasks started by hand, checkpoints and resume, and tasks that die mid-run."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import FAST, LiveRun, leftover_processes, mlflow_run_by_name
+
+EXPERIMENT = "cluster"
+MWMS = ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"]
+PS = ["strategy=parameter_server", "cluster=localhost", "cluster.workers=2", "cluster.ps=1"]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    yield
+    deadline = time.monotonic() + 10
+    while leftover_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftover_processes() == [], "cluster tasks outlived their launcher"
+
+
+@pytest.fixture(scope="module")
+def runs(runner):
+    jobs = {
+        "reference-fit": ["strategy=default", "executor=fit", *FAST],
+        "reference-custom_loop": ["strategy=default", "executor=custom_loop", *FAST],
+        "mwms-fit": [*MWMS, "executor=fit", *FAST],
+        "mwms-custom_loop": [*MWMS, "executor=custom_loop", *FAST],
+        "ps-fit": [*PS, "executor=fit", *FAST],
+        "ps-custom_loop": [*PS, "executor=custom_loop", *FAST, "strategy.variable_partitioner.kind=fixed_shards"],
+    }
+    done = {}
+    for name, args in jobs.items():  # one at a time: a cluster already uses both cores
+        done[name] = runner(name, [*args, f"mlflow.experiment_name={EXPERIMENT}"])
+        assert done[name].returncode == 0, f"{name} failed:\n{done[name].output[-4000:]}"
+    return done
+
+
+def final_loss(log_text):
+    return float(re.search(r"done: \d+ steps, final loss ([0-9.]+)", log_text).group(1))
+
+
+def load_weights(path):
+    import tf_keras
+
+    return tf_keras.models.load_model(path, compile=False).get_weights()
+
+
+@pytest.mark.parametrize("executor", ["fit", "custom_loop"])
+def test_mwms_workers_agree_and_match_a_single_process(runs, runner, executor):
+    result = runs[f"mwms-{executor}"]
+    logs = [(result.run_dir / f"worker-{i}" / "runner.log").read_text() for i in range(2)]
+    assert final_loss(logs[0]) == final_loss(logs[1])
+    chief = load_weights(result.run_dir / "worker-0" / "model.keras")
+    single = load_weights(runs[f"reference-{executor}"].run_dir / "model.keras")
+    for a, b in zip(chief, single):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
+    assert not (result.run_dir / "worker-1" / "model.keras").exists()  # only the chief saves
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, f"mwms-{executor}")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["num_replicas_in_sync"] == "2"
+    assert run.data.tags["num_workers"] == "2"
+    # the chief logs the losses of every replica in the cluster, its own and worker 1's
+    assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
+    assert "throughput/examples_per_sec" in run.data.metrics
+    assert len(client.get_metric_history(run.info.run_id, "loss/replica_1")) == 16  # logged once, by the chief
+
+
+@pytest.mark.parametrize("executor", ["fit", "custom_loop"])
+def test_parameter_server_trains(runs, runner, executor):
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, f"ps-{executor}")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["strategy"].startswith("ParameterServerStrategy")
+    assert run.data.tags["cluster.tasks"] == "chief:0,worker:0,worker:1,ps:0"
+    losses = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
+    assert losses[-1] < losses[0]
+    assert run.data.metrics["eval/accuracy"] > 0.4
+    if executor == "custom_loop":
+        per_worker = [run.data.metrics.get(f"steps/worker_{i}", 0) for i in range(2)]
+        assert sum(per_worker) == 16 and min(per_worker) > 0, per_worker  # both workers ran steps
+
+
+def test_tf_config_tasks_started_by_hand(runner, tmp_path):
+    """What Kubernetes does: one process per task, each with its TF_CONFIG; worker 0 logs the run."""
+    from runner.launcher import free_ports
+
+    spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    procs = []
+    for i in range(2):
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        env.update(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}}), RUNNER_LAUNCH_ID="by-hand")
+        argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=tf_config", *FAST,
+                "executor=custom_loop", f"mlflow.experiment_name={EXPERIMENT}-tf_config", "mlflow.run_name=by-hand",
+                f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/w{i}", f"checkpoint.dir={tmp_path}/ckpt"]
+        procs.append(subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert final_loss(outputs[0]) == final_loss(outputs[1])
+    _, run = mlflow_run_by_name(runner.uri, f"{EXPERIMENT}-tf_config", "by-hand")  # exactly one run
+    assert run.info.status == "FINISHED" and run.data.tags["num_workers"] == "2"
+
+
+def test_resume_continues_checkpoint_and_mlflow_run(runner):
+    first = runner("resume", [*MWMS, "executor=custom_loop", *FAST, "train.epochs=1", f"mlflow.experiment_name={EXPERIMENT}"])
+    assert first.returncode == 0, first.output[-3000:]
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "resume")
+    again = runner("resume-again", [*MWMS, "executor=custom_loop", *FAST, "train.epochs=2",
+                                    f"resume={first.run_dir}", f"mlflow.experiment_name={EXPERIMENT}"])
+    assert again.returncode == 0, again.output[-3000:]
+    assert "resumed from checkpoint at step 8" in again.output
+    client, same = mlflow_run_by_name(runner.uri, EXPERIMENT, "resume")  # no second run was created
+    assert same.info.run_id == run.info.run_id and same.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss/replica_0"))
+    assert steps == list(range(1, 17))  # 8 steps, then 8 more continuing the step count
+
+
+def _pid_of(live, task, timeout=120):
+    line = live.wait_for(lambda l: f"started {task} (pid" in l, timeout)
+    return int(re.search(r"pid (\d+)", line).group(1))
+
+
+def _long(executor):
+    return [f"executor={executor}", "data.num_examples=4096", "train.epochs=40", "train.global_batch_size=64",
+            "train.log_every_n_steps=20", "checkpoint.every_n_steps=40"]
+
+
+def test_dead_mwms_worker_stops_the_job_and_the_rerun_resumes(runner):
+    run_dir = runner.root / "runs" / "mwms-death"
+    args = [*MWMS, *_long("custom_loop"), "cluster.failure_grace_sec=3", f"mlflow.experiment_name={EXPERIMENT}",
+            "mlflow.run_name=mwms-death"]
+    live = LiveRun(args, runner.root, run_dir, runner.uri)
+    victim = _pid_of(live, "worker:1")
+    live.wait_for(lambda l: re.search(r"\[worker:0\].*epoch ([3-9]|\d\d)/40", l), 180)  # past a checkpoint
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, output = live.finish(timeout=120)
+    assert code == 3, output[-3000:]
+    assert time.monotonic() - killed_at < 30
+    assert "task worker:1" in output and "killed by SIGKILL" in output and f"resume={run_dir}" in output
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "mwms-death")
+    assert run.info.status == "FAILED"
+    assert "worker:1" in run.data.tags["error"]
+    again = runner("mwms-death-rerun", [*args[:-1], "train.epochs=4", f"resume={run_dir}"])
+    assert again.returncode == 0, again.output[-3000:]
+    assert re.search(r"resumed from checkpoint at step [1-9]\d+", again.output)
+
+
+def test_parameter_server_survives_a_worker_that_dies_and_comes_back(runner):
+    run_dir = runner.root / "runs" / "ps-death"
+    args = [*PS, *_long("custom_loop"), "train.epochs=12", f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=ps-death"]
+    live = LiveRun(args, runner.root, run_dir, runner.uri)
+    victim = _pid_of(live, "worker:1")
+    live.wait_for(lambda l: re.search(r"\[chief:0\].*step \d+/", l), 180)
+    os.kill(victim, signal.SIGKILL)
+    code, output = live.finish(timeout=300)
+    assert code == 0, output[-4000:]
+    assert "worker:1 stopped (killed by SIGKILL); restarting it" in output
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ps-death")
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["steps/worker_0"] + run.data.metrics["steps/worker_1"] == 12 * 64
