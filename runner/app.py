@@ -34,3 +34,6 @@ def main(cfg: DictConfig) -> None:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
         print(f"Error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("Interrupted: the MLflow run is marked KILLED and every task was stopped.", file=sys.stderr)
+        sys.exit(130)

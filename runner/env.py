@@ -14,6 +14,8 @@ def prepare() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # oneDNN reorders float sums, which breaks bit-level comparisons between strategies.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    # No usage reporting from MLflow: runs may be on machines without (or with watched) network access.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ import logging
 import os
 import platform
 import sys
-import threading
 
 from omegaconf import DictConfig
 
@@ -52,22 +51,18 @@ def task_role(strategy_name: str, cluster) -> str:
 
 @contextlib.contextmanager
 def deadline(seconds: float, what: str, run):
-    """Strategy constructors wait silently for absent peers: stop with a message instead."""
-    def expire():
-        message = f"Error: {what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?"
-        print(message, file=sys.stderr, flush=True)
-        run.set_tags({"error": message})
-        if getattr(run, "run_id", None) and not os.environ.get("RUNNER_MLFLOW_RUN_ID"):
-            run._client.set_terminated(run.run_id, "FAILED")
-        os._exit(3)
+    """Strategy constructors wait silently (and GIL-bound) for absent peers: a watchdog process stops us instead."""
+    import subprocess
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+    message = f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?"
+    mlflow_args = [getattr(run, "tracking_uri", ""), run.run_id or "", "owner" if getattr(run, "owner", False) else "attached"]
+    watchdog = subprocess.Popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(seconds), message, *mlflow_args],
+                                stdin=subprocess.PIPE)
     try:
         yield
     finally:
-        timer.cancel()
+        watchdog.stdin.close()
+        watchdog.wait()
 
 
 def serve(tf, cluster) -> dict:
@@ -107,7 +102,8 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
     from runner.checkpoints import Checkpoints
     from runner.executors import Job, get_executor
 
-    with deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster", run):
+    waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
+    with deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster", run) if waiting else contextlib.nullcontext():
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
     replicas = strategy.num_replicas_in_sync
     log.info("%s%s with %d replica(s) on %s", f"{cluster.task}: " if cluster.task_type else "",

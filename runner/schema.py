@@ -85,7 +85,7 @@ class LocalhostClusterConfig(ClusterConfig):
 class SlurmClusterConfig(ClusterConfig):
     port_base: int = 8888
     ps: int = 0  # with parameter_server: the first `ps` Slurm tasks become ps, the next one the chief
-    gpus_per_node: Optional[int] = None  # None: ask nvidia-smi, or 0 where there is none
+    gpus_per_node: Optional[int] = None  # None: the GPUs TensorFlow sees on this node
 
 
 @dataclass

@@ -53,9 +53,10 @@ def flatten(node, prefix: str = "") -> Dict[str, str]:
 class RunLog:
     """One MLflow run: buffered metrics, sent with log_batch so logging costs training almost nothing."""
 
-    def __init__(self, client, run_id: str):
+    def __init__(self, client, run_id: str, owner: bool = True):
         self._client = client
         self.run_id = run_id
+        self.owner = owner  # False when attached to the launcher's run: the launcher ends it
         self._buffer = []
         self._last_flush = time.monotonic()
 
@@ -91,6 +92,13 @@ class RunLog:
     def log_text(self, text: str, name: str) -> None:
         self._client.log_text(self.run_id, text, name)
 
+    def abort(self, message: str) -> None:
+        """Record the error and end the run FAILED now: for a process about to exit without unwinding."""
+        self.set_tags({"error": message})
+        self.flush()
+        if self.owner:
+            self._client.set_terminated(self.run_id, "FAILED")
+
 
 RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
 ATTACH_ENV = "RUNNER_MLFLOW_RUN_ID"  # set by the localhost launcher: tasks log into its run
@@ -111,6 +119,9 @@ class NullRun:
         pass
 
     def log_artifact(self, path, artifact_path=None):
+        pass
+
+    def abort(self, message):
         pass
 
 
@@ -146,7 +157,7 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
         if resumed:
             client.update_run(resumed, status="RUNNING")
             client.set_tag(resumed, "resumed_with", " ".join(overrides))
-        runlog = RunLog(client, run.info.run_id)
+        runlog = RunLog(client, run.info.run_id, owner=not attached)
         log.info("MLflow run %s (%s) %s", run.info.run_name, run.info.run_id, "continued" if resumed else "attached")
     else:
         import mlflow

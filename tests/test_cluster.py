@@ -167,3 +167,69 @@ def test_parameter_server_survives_a_worker_that_dies_and_comes_back(runner):
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ps-death")
     assert run.info.status == "FINISHED"
     assert run.data.metrics["steps/worker_0"] + run.data.metrics["steps/worker_1"] == 12 * 64
+
+
+def _free_port_pair():
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                with socket.socket() as b:
+                    b.bind(("127.0.0.1", port + 1))
+                    return port
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_slurm_resolver_from_an_allocations_environment(runner, tmp_path):
+    """SlurmClusterResolver on the variables srun sets for 2 tasks on one node (no Slurm needed to read them)."""
+    port = _free_port_pair()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        env.update(SLURM_PROCID=str(rank), SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost",
+                   SLURM_STEP_TASKS_PER_NODE="2", RUNNER_LAUNCH_ID="slurm-test")
+        argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=slurm",
+                f"cluster.port_base={port}", *FAST, f"mlflow.experiment_name={EXPERIMENT}-slurm",
+                "mlflow.run_name=slurm", f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/t{rank}",
+                f"checkpoint.dir={tmp_path}/ckpt"]
+        procs.append(subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert final_loss(outputs[0]) == final_loss(outputs[1])
+    _, run = mlflow_run_by_name(runner.uri, f"{EXPERIMENT}-slurm", "slurm")
+    assert run.data.tags["num_workers"] == "2" and run.data.tags["num_replicas_in_sync"] == "2"
+
+
+def test_a_peer_that_never_starts_stops_the_task_in_bounded_time(runner, tmp_path):
+    from runner.launcher import free_ports
+
+    spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}  # worker 1 is never started
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}}), RUNNER_LAUNCH_ID="lonely")
+    argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=tf_config",
+            "cluster.start_timeout_sec=8", f"mlflow.experiment_name={EXPERIMENT}-lonely", "mlflow.run_name=lonely",
+            f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/w0"]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]  # stopped by the watchdog
+    assert time.monotonic() - started < 60
+    assert "worker:0: joining the cluster did not complete within cluster.start_timeout_sec=8" in proc.stderr
+    _, run = mlflow_run_by_name(runner.uri, f"{EXPERIMENT}-lonely", "lonely")
+    assert run.info.status == "FAILED" and "start_timeout_sec" in run.data.tags["error"]
+
+
+def test_ctrl_c_stops_every_task_and_marks_the_run_killed(runner):
+    args = [*MWMS, *_long("custom_loop"), f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=interrupted"]
+    live = LiveRun(args, runner.root, runner.root / "runs" / "interrupted", runner.uri)
+    live.wait_for(lambda l: re.search(r"\[worker:0\].*epoch 2/40", l), 180)
+    live.proc.send_signal(signal.SIGINT)
+    code, output = live.finish(timeout=60)
+    assert code == 130, output[-3000:]
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "interrupted")
+    assert run.info.status == "KILLED"
+    # and the autouse fixture checks that no task outlived the launcher

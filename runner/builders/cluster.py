@@ -78,10 +78,16 @@ def _slurm(cfg) -> Cluster:
         jobs = {"ps": cfg.ps, "chief": 1, "worker": ntasks - cfg.ps - 1}
     else:
         jobs = {"worker": ntasks}
-    gpus = cfg.gpus_per_node if cfg.gpus_per_node is not None else 0
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        jobs=jobs, port_base=cfg.port_base, gpus_per_node=gpus, auto_set_gpu=gpus > 0
-    )
+    # TF's own default asks nvidia-smi, which a CPU node lacks: count the GPUs TensorFlow sees instead.
+    gpus = cfg.gpus_per_node if cfg.gpus_per_node is not None else len(tf.config.list_physical_devices("GPU"))
+    if gpus:
+        gpu_args = {"gpus_per_node": gpus, "auto_set_gpu": True}
+    else:
+        # TF 2.21's resolver assigns tasks by stepping through GPU ids: with 0 GPUs it gets range(..., step 0)
+        # and fails. Give it ids it can step through, and set no CUDA_VISIBLE_DEVICES from them.
+        gpu_args = {"gpus_per_node": 1024, "gpus_per_task": 1, "auto_set_gpu": False}
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(jobs=jobs, port_base=cfg.port_base, **gpu_args)
+    resolver.cluster_spec()  # assigns task_type and task_id
     return Cluster("slurm", resolver, resolver.task_type, int(resolver.task_id))
 
 
