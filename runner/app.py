@@ -28,6 +28,14 @@ def run(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="pkg://runner.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        from runner.sweep import run_sweep_job  # each job in a fresh process: devices are per process
+
+        run_sweep_job(cfg)
+        return
     try:
         run(cfg)
     except RunnerError as err:

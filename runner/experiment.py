@@ -76,6 +76,14 @@ def serve(tf, cluster) -> dict:
     return {}
 
 
+def strategy_devices(strategy, devices):
+    """Where this worker's replicas run (the default strategy has no device list: it is the first device)."""
+    try:
+        return list(strategy.extended.worker_devices)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return devices.compute[:1]
+
+
 def run_experiment(cfg: DictConfig) -> dict:
     tf, devices = _import_tensorflow(cfg.devices)
     from runner.builders.cluster import build_cluster
@@ -106,13 +114,14 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
     with deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster", run) if waiting else contextlib.nullcontext():
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
     replicas = strategy.num_replicas_in_sync
+    placed = strategy_devices(strategy, devices)
     log.info("%s%s with %d replica(s) on %s", f"{cluster.task}: " if cluster.task_type else "",
-             type(strategy).__name__, replicas, ", ".join(devices.compute))
+             type(strategy).__name__, replicas, ", ".join(placed))
     run.set_tags({
         "strategy": type(strategy).__name__,
         "num_replicas_in_sync": replicas,
         "num_workers": cluster.num_workers,
-        "devices": ",".join(devices.compute),
+        "devices": ",".join(placed),
         "tensorflow_version": tf.__version__,
         "tf_keras_version": tf_keras.__version__,
         "python_version": platform.python_version(),

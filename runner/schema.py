@@ -153,7 +153,7 @@ class NpzDataConfig(DataConfig):
 @dataclass
 class ExecutorConfig:
     name: str = MISSING
-    verbose: str = "auto"  # fit only: auto (progress bar on a terminal, one line per epoch otherwise) | 0 | 1 | 2
+    verbose: str = "auto"  # auto (progress bar on a terminal, log lines otherwise) | 0 (quiet) | 1 (bar) | 2 (lines)
 
 
 # --- plain nodes of the root config ---

@@ -102,6 +102,8 @@ class RunLog:
 
 RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
 ATTACH_ENV = "RUNNER_MLFLOW_RUN_ID"  # set by the localhost launcher: tasks log into its run
+PARENT_ENV = "RUNNER_PARENT_RUN_ID"  # set for the jobs of a sweep (runner/sweep.py): nest under it
+JOB_ENV = "RUNNER_SWEEP_JOB"
 
 
 class NullRun:
@@ -162,13 +164,16 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
     else:
         import mlflow
 
-        experiment = mlflow.set_experiment(cfg.mlflow.experiment_name)
-        run = client.create_run(
-            experiment.experiment_id,
-            run_name=cfg.mlflow.run_name,
-            tags={"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name,
-                  "cluster.name": cfg.cluster.name},
-        )
+        tags = {"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name,
+                "cluster.name": cfg.cluster.name}
+        parent, run_name = os.environ.get(PARENT_ENV), cfg.mlflow.run_name
+        if parent:  # a job of a sweep: nested under the sweep's run (named run_name), in its experiment
+            experiment_id = client.get_run(parent).info.experiment_id
+            tags.update({"mlflow.parentRunId": parent, "sweep.job_num": os.environ.get(JOB_ENV, "")})
+            run_name = f"{run_name}-{os.environ.get(JOB_ENV, '')}" if run_name else None
+        else:
+            experiment_id = mlflow.set_experiment(cfg.mlflow.experiment_name).experiment_id
+        run = client.create_run(experiment_id, run_name=run_name, tags=tags)
         runlog = RunLog(client, run.info.run_id)
         log.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_name, run.info.run_id, cfg.mlflow.experiment_name, uri)
         container = OmegaConf.to_container(cfg, resolve=True)

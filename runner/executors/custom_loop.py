@@ -5,6 +5,7 @@ which cuts host overhead the way Orbit's loop_fns do. Under parameter_server the
 scheduled on the workers through a ClusterCoordinator (runner/executors/ps_loop.py).
 """
 
+import sys
 import time
 
 from runner.executors.base import Job, Result, Throughput, log, progress_line, replica_metrics
@@ -52,6 +53,32 @@ def make_evaluator(job: Job, per_example_loss):
         return {f"eval/{m.name}": float(m.result()) for m in [mean_loss, *metrics]}
 
     return update, results
+
+
+class Progress:
+    """A Keras progress bar on a terminal (executor.verbose=1, or auto on a TTY); otherwise one log line
+    every train.log_every_n_steps steps."""
+
+    def __init__(self, job: Job, steps_per_epoch: int, epochs: int):
+        verbose = job.executor.verbose
+        self.bar_mode = (sys.stdout.isatty() if verbose == "auto" else int(verbose) == 1)
+        self.quiet = str(verbose) == "0"
+        self.spe, self.epochs, self.bar = steps_per_epoch, epochs, None
+
+    def epoch(self, epoch: int) -> None:
+        if self.bar_mode:
+            import tf_keras
+
+            print(f"Epoch {epoch + 1}/{self.epochs}")
+            self.bar = tf_keras.utils.Progbar(self.spe, stateful_metrics=["loss"])
+
+    def update(self, done: int, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(done, values=[("loss", loss)])
+
+    def line(self, epoch: int, done: int, loss: float, rates) -> None:
+        if not self.bar_mode and not self.quiet:
+            log.info(progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates))
 
 
 def checkpoint_due(job: Job, step: int, epoch_end: bool, last_saved: int) -> bool:
@@ -102,6 +129,7 @@ def run_custom_loop(job: Job) -> Result:
     spe, epochs, every = data.steps_per_epoch, job.train.epochs, job.train.log_every_n_steps
     per_call = job.train.steps_per_loop
     meter = Throughput(data.global_batch_size, job.replicas)
+    progress = Progress(job, spe, epochs)
     step = last_saved = job.restore()
     iterator = iter(data.distributed_train(strategy))
     log.info("training with a custom loop: %d epochs x %d steps (%d per tf.function call), global batch %d over %d replica(s)",
@@ -111,6 +139,7 @@ def run_custom_loop(job: Job) -> Result:
     for epoch in range(step // spe, epochs):
         done = step - epoch * spe
         loss_sum, counted, logged_at = 0.0, 0, done
+        progress.epoch(epoch)
         while done < spe:
             n = min(per_call, spe - done, max(1, job.checkpoint_every or spe))
             loss, shards = train_loop(iterator, tf.constant(n))
@@ -118,11 +147,12 @@ def run_custom_loop(job: Job) -> Result:
             loss_sum += float(loss) * n
             meter.tick(step)
             epoch_loss = loss_sum / counted
+            progress.update(done, epoch_loss)
             if done - logged_at >= every or done == spe:
                 logged_at = done
                 rates = meter.window()
                 job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics(shards.numpy()), **rates}, step)
-                log.info(progress_line(epoch + 1, epochs, done, spe, epoch_loss, rates))
+                progress.line(epoch, done, epoch_loss, rates)
             if checkpoint_due(job, step, done == spe, last_saved):
                 job.checkpoints.save(step)
                 last_saved = step

@@ -1,0 +1,135 @@
+"""The sweep's comparison report, from the child runs in MLflow: a table (terminal, CSV, Markdown) and
+plots (throughput per job, loss curves, scaling efficiency), saved in the sweep directory and logged as
+artifacts of the parent run."""
+
+import csv
+import glob
+import json
+import os
+from typing import Dict, List
+
+COLUMNS = ["job", "run", "status", "strategy", "executor", "replicas", "examples_per_sec",
+           "examples_per_sec_per_replica", "final_loss", "eval_loss", "eval_accuracy"]
+
+
+def _row(run) -> Dict:
+    m, p, t = run.data.metrics, run.data.params, run.data.tags
+    return {
+        "job": int(t.get("sweep.job_num", -1)),
+        "run": run.info.run_name,
+        "status": run.info.status,
+        "strategy": p.get("strategy.name", ""),
+        "executor": p.get("executor.name", ""),
+        "replicas": int(t["num_replicas_in_sync"]) if "num_replicas_in_sync" in t else "",
+        "examples_per_sec": m.get("summary/examples_per_sec", ""),
+        "examples_per_sec_per_replica": m.get("summary/examples_per_sec_per_replica", ""),
+        "final_loss": m.get("loss", ""),
+        "eval_loss": m.get("eval/loss", ""),
+        "eval_accuracy": m.get("eval/accuracy", ""),
+    }
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4f}"
+    return str(value)
+
+
+def table_text(rows: List[Dict]) -> str:
+    cells = [COLUMNS] + [[_fmt(r[c]) for c in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def markdown(rows: List[Dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def scaling_efficiency(rows: List[Dict]) -> Dict[int, float]:
+    """Per job with more than one replica: (its examples/sec / the one-replica baseline's) / replicas.
+    The baseline is the fastest one-replica job of the same executor."""
+    out = {}
+    for r in rows:
+        if not isinstance(r["replicas"], int) or r["replicas"] < 2 or not r["examples_per_sec"]:
+            continue
+        base = [b["examples_per_sec"] for b in rows if b["replicas"] == 1 and b["executor"] == r["executor"] and b["examples_per_sec"]]
+        if base:
+            out[r["job"]] = r["examples_per_sec"] / max(base) / r["replicas"]
+    return out
+
+
+def plots(client, runs, rows, out_dir) -> List[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    label = {r["job"]: f"{r['job']}: {r['strategy']}/{r['executor']}" for r in rows}
+    done = [r for r in rows if r["examples_per_sec"]]
+    if done:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.barh([label[r["job"]] for r in done], [r["examples_per_sec"] for r in done])
+        ax.set_xlabel("examples/sec (after warm-up)")
+        ax.set_title("Throughput per job")
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "throughput.png"))
+        fig.savefig(files[-1])
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for run, r in zip(runs, rows):
+        history = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+        if history:
+            ax.plot([m.step for m in history], [m.value for m in history], label=label[r["job"]])
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Loss curves")
+    if ax.lines:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    files.append(os.path.join(out_dir, "loss_curves.png"))
+    fig.savefig(files[-1])
+    plt.close(fig)
+    efficiency = scaling_efficiency(rows)
+    if efficiency:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.barh([label[j] for j in efficiency], list(efficiency.values()))
+        ax.axvline(1.0, color="gray", linestyle="--")
+        ax.set_xlabel("scaling efficiency vs the one-replica baseline (1.0 = linear)")
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "scaling_efficiency.png"))
+        fig.savefig(files[-1])
+        plt.close(fig)
+    return files
+
+
+def write_report(uri: str, parent_id: str, sweep_dir: str) -> List[str]:
+    """Write the report, log it to the parent run, end the parent run. Returns the failed jobs' labels."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_id)
+    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=10000)
+    pairs = sorted(zip(runs, [_row(r) for r in runs]), key=lambda p: p[1]["job"])
+    runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
+    results = [json.load(open(f)) for f in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json"))]
+    failed = sorted(f"#{s['num']} ({' '.join(s['overrides'])})" for s in results if s["returncode"])
+    failed += sorted(f"#{r['job']} ({r['run']})" for r in rows if r["status"] != "FINISHED" and
+                     not any(s["num"] == r["job"] and s["returncode"] for s in results))
+    with open(os.path.join(sweep_dir, "report.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.join(sweep_dir, "report.md"), "w") as f:
+        f.write(markdown(rows))
+    files = [os.path.join(sweep_dir, "report.csv"), os.path.join(sweep_dir, "report.md")]
+    files += plots(client, runs, rows, sweep_dir)
+    for path in files:
+        client.log_artifact(parent_id, path, "report")
+    print("\n" + table_text(rows) + "\n")
+    print(f"report: {sweep_dir}/report.md, report.csv and plots; MLflow parent run {parent.info.run_name} ({parent_id})")
+    client.set_tag(parent_id, "sweep.failed_jobs", str(len(failed)))
+    client.set_terminated(parent_id, "FAILED" if failed else "FINISHED")
+    return failed

@@ -1,0 +1,140 @@
+"""Multirun sweeps: one MLflow parent run per sweep, one child run per job, each job in a fresh process.
+
+Hydra's basic launcher runs every job in one process (and joblib reuses its workers), but TensorFlow's
+logical devices can be set only once per process; so each job's task function here starts
+`python -m runner <job overrides>` as a child process and waits for it. The child logs its own MLflow run,
+nested under the sweep's parent run. A failed job is recorded and the sweep goes on; at the end the
+report is written and the sweep exits non-zero if any job failed.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from typing import Any, List
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from runner.tracking import JOB_ENV, PARENT_ENV
+
+log = logging.getLogger("runner")
+STATE_DIR = ".runner"  # inside the sweep directory: parent run id, job count, job results
+
+
+def _state(sweep_dir: str, name: str) -> str:
+    os.makedirs(os.path.join(sweep_dir, STATE_DIR), exist_ok=True)
+    return os.path.join(sweep_dir, STATE_DIR, name)
+
+
+def count_jobs(hydra_cfg) -> int:
+    """How many jobs the basic sweeper will launch for these overrides and sweeper params."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
+    overrides = OverridesParser.create().parse_overrides(params + list(hydra_cfg.overrides.task))
+    return len(BasicSweeper.split_arguments(overrides, None)[0])
+
+
+def run_sweep_job(cfg: DictConfig) -> int:
+    """The task function of one sweep job: run it in a fresh process, record how it ended."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    job_dir, sweep_dir, num = hc.runtime.output_dir, hc.sweep.dir, hc.job.num
+    total = open(_state(sweep_dir, "jobs")).read().strip() if os.path.exists(_state(sweep_dir, "jobs")) else "?"
+    overrides = list(hc.overrides.task)
+    label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
+    log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(overrides) or "(defaults)")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{JOB_ENV: str(num)})
+    parent = _state(sweep_dir, "parent_run_id")
+    if os.path.exists(parent):
+        env[PARENT_ENV] = open(parent).read().strip()
+    argv = [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}", f"mlflow.tracking_uri={cfg_uri(cfg)}"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: List[str] = []
+    for line in proc.stdout:
+        sys.stdout.write(f"[{label}] {line}")
+        sys.stdout.flush()
+        tail = (tail + [line])[-30:]
+    code = proc.wait()
+    status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
+    if code:
+        status["error"] = "".join(tail)
+        _record_failed_start(cfg, job_dir, env.get(PARENT_ENV), num, overrides, status["error"])
+        log.error("job %s failed (exit code %d); the sweep goes on", label, code)
+    with open(_state(sweep_dir, f"job-{num}.json"), "w") as f:
+        json.dump(status, f)
+    return code
+
+
+def cfg_uri(cfg) -> str:
+    from runner.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative: pin it for the children
+        uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+    return uri
+
+
+def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None:
+    """A job that failed before its child run existed (a config error) still gets a FAILED child run."""
+    if os.path.exists(os.path.join(job_dir, "mlflow_run_id")) or not parent_id:
+        return
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+    from omegaconf import OmegaConf
+
+    from runner.tracking import flatten
+
+    client = MlflowClient(cfg_uri(cfg))
+    parent = client.get_run(parent_id)
+    run = client.create_run(parent.info.experiment_id, run_name=f"job-{num}", tags={
+        "mlflow.parentRunId": parent_id, "sweep.job_num": str(num), "overrides": " ".join(overrides),
+        "error": error[-5000:],
+    })
+    params = [Param(k, v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=False)).items()]
+    for i in range(0, len(params), 100):
+        client.log_batch(run.info.run_id, params=params[i:i + 100])
+    client.set_terminated(run.info.run_id, "FAILED")
+
+
+class SweepCallback(Callback):
+    """Opens the parent run before the jobs, and closes it with the report after them."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from mlflow import MlflowClient
+
+        import mlflow
+
+        hc = config.hydra
+        sweep_dir = hc.sweep.dir
+        total = count_jobs(hc)
+        with open(_state(sweep_dir, "jobs"), "w") as f:
+            f.write(str(total))
+        uri = cfg_uri(config)
+        client = MlflowClient(uri)
+        client.search_experiments()  # creates a fresh SQLite store once, before parallel jobs race to
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.set_experiment(config.mlflow.experiment_name)
+        run = client.create_run(experiment.experiment_id, run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
+                                tags={"sweep.overrides": " ".join(hc.overrides.task), "sweep.jobs": str(total),
+                                      "sweep.dir": os.path.abspath(sweep_dir)})
+        with open(_state(sweep_dir, "parent_run_id"), "w") as f:
+            f.write(run.info.run_id)
+        log.info("sweep of %d jobs; MLflow parent run %s (%s)", total, run.info.run_name, run.info.run_id)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from runner.report import write_report
+
+        sweep_dir = config.hydra.sweep.dir
+        path = _state(sweep_dir, "parent_run_id")
+        if not os.path.exists(path):
+            return
+        failed = write_report(cfg_uri(config), open(path).read().strip(), sweep_dir)
+        if failed:
+            print(f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
+                  f"Their errors are in MLflow and in {sweep_dir}/<job>/runner.log.", file=sys.stderr)
+            sys.exit(1)
