@@ -32,13 +32,21 @@ def main(argv=None) -> int:
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     print(f"MLflow UI for {uri}: http://{args.host}:{args.port}/#/experiments?workflowType=machine_learning "
           "(Ctrl-C stops it)", flush=True)
-    # Its own process group: stopping the dashboard stops the server's workers too.
-    proc = subprocess.Popen(server_command(uri, args.host, args.port), env=env, start_new_session=True)
+    proc = subprocess.Popen(server_command(uri, args.host, args.port), env=env)
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # `kill` stops the server too, like Ctrl-C
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        return proc.wait()
+        proc.terminate()
+        try:
+            return proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
 
 if __name__ == "__main__":

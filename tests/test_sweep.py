@@ -169,3 +169,5 @@ def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+    with pytest.raises(OSError):  # stopping the dashboard stopped its MLflow server too
+        urllib.request.urlopen(f"{base}/health", timeout=2)
