@@ -96,7 +96,8 @@ def run_experiment(cfg: DictConfig) -> dict:
         from runner.evaluator import evaluate_checkpoints
 
         return evaluate_checkpoints(cfg, cluster)
-    run_context = mlflow_run(cfg, _hydra_overrides()) if cluster.is_chief else contextlib.nullcontext(NullRun())
+    logs = cluster.is_chief and cfg.mlflow.enabled
+    run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
     with run_context as run:
         return _train(cfg, tf, devices, cluster, run)
 
@@ -109,6 +110,7 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
     from runner.builders.strategy import build_strategy
     from runner.checkpoints import Checkpoints
     from runner.executors import Job, get_executor
+    from runner.executors.base import done_line
 
     waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
     with deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster", run) if waiting else contextlib.nullcontext():
@@ -129,9 +131,11 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
     arrays = datasets.load(cfg.data)
     data = build_data(cfg.data, arrays, cfg.train, replicas)
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
+    if cfg.train.mixed_precision:
+        tf_keras.mixed_precision.set_global_policy("mixed_float16")
     with strategy.scope():
         model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
-        optimizer = build_optimizer(cfg.train.optimizer)
+        optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     checkpoints = None
     if cfg.checkpoint.enabled and cfg.output_dir:
@@ -145,6 +149,5 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
         model.save(path)
         run.log_artifact(path, "model")
         log.info("model saved to %s", path)
-    log.info("done: %d steps, final loss %.4f%s", result.steps, result.final_loss,
-             "".join(f", {k}={v:.4f}" for k, v in result.eval.items()))
+    log.info(done_line(result, result.summary))
     return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval}

@@ -17,14 +17,14 @@ def _keras():
 def linear(input_shape: Tuple[int, ...], num_outputs: int):
     """The guide's model: Sequential([Dense(1, input_shape=(1,))])."""
     keras = _keras()
-    return keras.Sequential([keras.layers.Dense(num_outputs, input_shape=tuple(input_shape))])
+    return keras.Sequential([keras.layers.Dense(num_outputs, input_shape=tuple(input_shape), dtype="float32")])
 
 
 def mlp(input_shape: Tuple[int, ...], num_outputs: int, hidden_units: Sequence[int] = (64, 64), activation="relu"):
     keras = _keras()
     layers = [keras.layers.Input(shape=tuple(input_shape)), keras.layers.Flatten()]
     layers += [keras.layers.Dense(units, activation=activation) for units in hidden_units]
-    layers.append(keras.layers.Dense(num_outputs))
+    layers.append(keras.layers.Dense(num_outputs, dtype="float32"))  # float32 logits under mixed precision
     return keras.Sequential(layers)
 
 
@@ -50,5 +50,6 @@ def cnn(input_shape, num_outputs: int, filters: Sequence[int] = (16, 32), kernel
     for f in filters:
         layers.append(keras.layers.Conv2D(f, kernel_size, padding="same", activation="relu"))
         layers.append(keras.layers.MaxPooling2D(pool_size=2, padding="same"))
-    layers += [keras.layers.Flatten(), keras.layers.Dense(dense_units, activation="relu"), keras.layers.Dense(num_outputs)]
+    layers += [keras.layers.Flatten(), keras.layers.Dense(dense_units, activation="relu"),
+               keras.layers.Dense(num_outputs, dtype="float32")]
     return keras.Sequential(layers)

@@ -183,6 +183,7 @@ class TrainConfig:
     steps_per_execution: int = 1  # fit: steps per tf.function call
     steps_per_loop: int = 1  # custom_loop: steps per tf.function call
     log_every_n_steps: int = 10
+    mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
 
 
 @dataclass
@@ -190,6 +191,7 @@ class MlflowConfig:
     experiment_name: str = "runner"
     run_name: Optional[str] = None
     tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
+    enabled: bool = True  # false: no MLflow at all (benchmarks of the logging cost, quick trials)
 
 
 @dataclass

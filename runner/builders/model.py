@@ -70,7 +70,16 @@ def build_metrics(name: str):
     return []
 
 
-def build_optimizer(cfg):
+def build_optimizer(cfg, mixed_precision: bool = False):
+    optimizer = _optimizer(cfg)
+    if mixed_precision:  # float16 gradients underflow without loss scaling
+        import tf_keras
+
+        optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _optimizer(cfg):
     import tf_keras
 
     opt = tf_keras.optimizers

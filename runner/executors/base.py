@@ -5,6 +5,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Protocol, Sequence
 
+from runner import STARTED
+
 log = logging.getLogger("runner")
 
 
@@ -54,6 +56,7 @@ class Result:
     final_loss: float
     eval: Dict[str, float] = field(default_factory=dict)
     examples_per_sec: Optional[float] = None
+    summary: Dict[str, float] = field(default_factory=dict)
 
 
 def replica_metrics(values: Sequence[float]) -> Dict[str, float]:
@@ -77,6 +80,7 @@ class Throughput:
         now = time.perf_counter()
         if self.first_step_sec is None:
             self.first_step_sec = now - self._start
+            self.to_first_step_sec = now - STARTED
             self._warm_time = self._window_time = now
             self._warm_step = self._window_step = step
         self._last_time, self._last_step = now, step
@@ -103,12 +107,27 @@ class Throughput:
     def overall(self) -> Dict[str, float]:
         return self._rates(self._warm_time, self._warm_step)
 
-    def summary(self) -> Dict[str, float]:
-        """Whole-run figures for comparing runs: summary/examples_per_sec ... and time/first_step_sec."""
+    def summary(self, train_sec: Optional[float] = None) -> Dict[str, float]:
+        """Whole-run figures for comparing runs: summary/examples_per_sec ..., time/first_step_sec, and
+        time/train_sec, the wall time of the whole training call (first step and tracing included)."""
         out = {k.replace("throughput/", "summary/"): v for k, v in self.overall().items()}
+        if train_sec is not None:
+            out["time/train_sec"] = train_sec
         if self.first_step_sec is not None:
             out["time/first_step_sec"] = self.first_step_sec
+            out["time/to_first_step_sec"] = self.to_first_step_sec  # from process start: imports, set-up, tracing
         return out
+
+
+def done_line(result: "Result", summary: Dict[str, float]) -> str:
+    """The last line of a run, also read by benchmarks/run.py."""
+    parts = [f"done: {result.steps} steps, final loss {result.final_loss:.4f}"]
+    parts += [f"{k}={v:.4f}" for k, v in result.eval.items()]
+    if "time/train_sec" in summary:
+        parts.append(f"training {summary['time/train_sec']:.3f}s")
+    if "time/to_first_step_sec" in summary:
+        parts.append(f"first step after {summary['time/to_first_step_sec']:.2f}s")
+    return ", ".join(parts)
 
 
 def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: Dict[str, float]) -> str:

@@ -15,7 +15,10 @@ def make_replica_step(job: Job, per_example_loss):
     """One replica's training step; returns its share of the global loss and its shard's mean loss."""
     import tensorflow as tf
 
+    import tf_keras
+
     model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
+    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def replica_step(inputs):
         x, y = inputs[0], inputs[1]
@@ -25,7 +28,10 @@ def make_replica_step(job: Job, per_example_loss):
             loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        grads = tape.gradient(loss, model.trainable_variables)
+        if scaled:  # mixed precision: scale the loss up for the gradient, then the gradients back down
+            grads = optimizer.get_unscaled_gradients(tape.gradient(optimizer.get_scaled_loss(loss), model.trainable_variables))
+        else:
+            grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, tf.reshape(tf.reduce_mean(losses), [1])
 
@@ -131,10 +137,11 @@ def run_custom_loop(job: Job) -> Result:
     meter = Throughput(data.global_batch_size, job.replicas)
     progress = Progress(job, spe, epochs)
     step = last_saved = job.restore()
-    iterator = iter(data.distributed_train(strategy))
     log.info("training with a custom loop: %d epochs x %d steps (%d per tf.function call), global batch %d over %d replica(s)",
              epochs, spe, per_call, data.global_batch_size, job.replicas)
     meter.start()
+    started = time.perf_counter()
+    iterator = iter(data.distributed_train(strategy))
     epoch_loss = float("nan")
     for epoch in range(step // spe, epochs):
         done = step - epoch * spe
@@ -156,10 +163,12 @@ def run_custom_loop(job: Job) -> Result:
             if checkpoint_due(job, step, done == spe, last_saved):
                 job.checkpoints.save(step)
                 last_saved = step
-    started = time.perf_counter()
+    train_sec = time.perf_counter() - started
+    eval_started = time.perf_counter()
     for batch in data.distributed_eval(strategy):
         eval_step(batch)
     results = eval_results()
-    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
-    job.reporter.log_metrics({**results, **meter.summary()}, step)
-    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"))
+    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - eval_started)
+    summary = meter.summary(train_sec)
+    job.reporter.log_metrics({**results, **summary}, step)
+    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)

@@ -1,6 +1,7 @@
 """Keras Model.fit then Model.evaluate, with per-replica losses and throughput reported every N steps."""
 
 import sys
+import time
 
 import numpy as np
 
@@ -124,11 +125,13 @@ def run_fit(job: Job) -> Result:
     x, y = fit_input if arrays_in else (fit_input, None)
     log.info("training with Model.fit: %d epochs x %d steps, global batch %d over %d replica(s)",
              job.train.epochs, data.steps_per_epoch, data.global_batch_size, job.replicas)
+    started = time.perf_counter()
     history = model.fit(
         x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
         verbose=verbose, callbacks=_callbacks(job, meter, initial_epoch * data.steps_per_epoch), shuffle=data.shuffle,
         **kwargs,
     )
+    train_sec = time.perf_counter() - started
     steps = job.train.epochs * data.steps_per_epoch
     if job.parameter_server:
         eval_metrics = evaluate_on_coordinator(job)
@@ -136,6 +139,7 @@ def run_fit(job: Job) -> Result:
         eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
         results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
         eval_metrics = {f"eval/{k}": float(v) for k, v in results.items()}
-    job.reporter.log_metrics({**eval_metrics, **meter.summary()}, steps)
+    summary = meter.summary(train_sec)
+    job.reporter.log_metrics({**eval_metrics, **summary}, steps)
     losses = history.history.get("loss") or [float("nan")]  # empty when resumed after the last epoch
-    return Result(steps, float(losses[-1]), eval_metrics, meter.overall().get("throughput/examples_per_sec"))
+    return Result(steps, float(losses[-1]), eval_metrics, meter.overall().get("throughput/examples_per_sec"), summary)

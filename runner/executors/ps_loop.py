@@ -48,6 +48,7 @@ def run_ps_loop(job: Job) -> Result:
     log.info("training with a custom loop under parameter_server: %d epochs x %d steps (%d per scheduled call), "
              "batch %d per step, %d worker(s)", epochs, spe, per_call, data.global_batch_size, job.cluster.num_workers)
     meter.start()
+    started = time.perf_counter()
     epoch_loss = float("nan")
     for epoch in range(step // spe, epochs):
         done = step - epoch * spe
@@ -78,10 +79,12 @@ def run_ps_loop(job: Job) -> Result:
                 job.checkpoints.save(step)
                 last_saved = step
     coordinator.join()
-    started = time.perf_counter()
+    train_sec = time.perf_counter() - started
+    eval_started = time.perf_counter()
     for batch in data.eval_dataset():  # evaluated on the coordinator, with the variables from the ps tasks
         eval_update(batch)
     results = eval_results()
-    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
-    job.reporter.log_metrics({**results, **meter.summary()}, step)
-    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"))
+    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - eval_started)
+    summary = meter.summary(train_sec)
+    job.reporter.log_metrics({**results, **summary}, step)
+    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
