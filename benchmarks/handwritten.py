@@ -1,0 +1,95 @@
+"""The baseline: tf.distribute training written by hand, the way the guide teaches, with no runner code.
+
+Same model (MLP 20-64-64-4), data (seeded Gaussian features, 4 classes), global batch, strategy and steps
+as the runner's benchmark rows. Prints one JSON line: {"examples_per_sec": ..., "train_sec": ...}, where
+train_sec is the wall time of the Model.fit call or of the whole custom loop (tracing included), as the
+runner measures it.
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--strategy", default="default", choices=["default", "mirrored", "central_storage"])
+    p.add_argument("--executor", default="fit", choices=["fit", "custom_loop"])
+    p.add_argument("--logical-cpus", type=int, default=1)
+    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps-per-call", type=int, default=1)
+    p.add_argument("--examples", type=int, default=4096)
+    args = p.parse_args()
+
+    import numpy as np
+    import tensorflow as tf
+
+    if args.logical_cpus > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
+    cpus = [f"/device:CPU:{i}" for i in range(args.logical_cpus)]
+    if args.strategy == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(cpus)
+    elif args.strategy == "central_storage":
+        strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=cpus, parameter_device="/cpu:0")
+    else:
+        strategy = tf.distribute.get_strategy()
+    import tf_keras as keras
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.examples, 20)).astype(np.float32)
+    y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int32)
+    gbs = args.global_batch
+    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(args.examples, seed=0).repeat()
+               .batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input(shape=(20,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)])
+        optimizer = keras.optimizers.SGD(learning_rate=0.05)
+
+    if args.executor == "fit":
+        with strategy.scope():
+            model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=args.steps_per_call)
+        started = time.perf_counter()
+        model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        train_sec = time.perf_counter() - started
+    else:
+        with strategy.scope():
+            loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=keras.losses.Reduction.NONE)
+
+        def train_step(inputs):
+            features, labels = inputs
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_object(labels, model(features, training=True)), global_batch_size=gbs)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def train_steps(iterator, n):
+            total = tf.constant(0.0)
+            for _ in tf.range(n):
+                total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=(next(iterator),)), axis=None)
+            return total / tf.cast(n, tf.float32)
+
+        started = time.perf_counter()
+        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+        done = 0
+        while done < args.steps:
+            n = min(args.steps_per_call, args.steps - done)
+            float(train_steps(iterator, tf.constant(n)))
+            done += n
+        train_sec = time.perf_counter() - started
+    print(json.dumps({"examples_per_sec": args.steps * gbs / train_sec, "train_sec": train_sec}))
+
+
+if __name__ == "__main__":
+    main()
