@@ -22,7 +22,9 @@ def linear(input_shape: Tuple[int, ...], num_outputs: int):
 
 def mlp(input_shape: Tuple[int, ...], num_outputs: int, hidden_units: Sequence[int] = (64, 64), activation="relu"):
     keras = _keras()
-    layers = [keras.layers.Input(shape=tuple(input_shape)), keras.layers.Flatten()]
+    layers = [keras.layers.Input(shape=tuple(input_shape))]
+    if len(input_shape) > 1:  # a Flatten on flat input is a wasted op in every step
+        layers.append(keras.layers.Flatten())
     layers += [keras.layers.Dense(units, activation=activation) for units in hidden_units]
     layers.append(keras.layers.Dense(num_outputs, dtype="float32"))  # float32 logits under mixed precision
     return keras.Sequential(layers)

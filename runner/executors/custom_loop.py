@@ -142,6 +142,7 @@ def run_custom_loop(job: Job) -> Result:
     meter.start()
     started = time.perf_counter()
     iterator = iter(data.distributed_train(strategy))
+    steps = {}  # tf.constant per loop length, made once
     epoch_loss = float("nan")
     for epoch in range(step // spe, epochs):
         done = step - epoch * spe
@@ -149,13 +150,16 @@ def run_custom_loop(job: Job) -> Result:
         progress.epoch(epoch)
         while done < spe:
             n = min(per_call, spe - done, max(1, job.checkpoint_every or spe))
-            loss, shards = train_loop(iterator, tf.constant(n))
+            log_now = done + n - logged_at >= every or done + n == spe
+            if n not in steps:
+                steps[n] = tf.constant(n)
+            loss, shards = train_loop(iterator, steps[n])  # tensor arguments only: the cheapest call
             done, step, counted = done + n, step + n, counted + n
             loss_sum += float(loss) * n
             meter.tick(step)
             epoch_loss = loss_sum / counted
             progress.update(done, epoch_loss)
-            if done - logged_at >= every or done == spe:
+            if log_now:
                 logged_at = done
                 rates = meter.window()
                 job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics(shards.numpy()), **rates}, step)
