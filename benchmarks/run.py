@@ -86,8 +86,8 @@ def machine() -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.run")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--out", default=os.path.join(HERE, "..", "docs", "benchmarks.md"))
     p.add_argument("--tracking-uri", default=None, help="where to log the figures (default: ./mlflow.db)")

@@ -109,11 +109,16 @@ class Task:
             pass
 
 
+OWNED_KEYS = ("cluster", "resume", "hydra.run.dir", "checkpoint.dir", "mlflow.tracking_uri")
+
+
 def _task_overrides(overrides: List[str]) -> List[str]:
     """The user's overrides, minus what the launcher decides for each task."""
-    owned = ("cluster", "hydra.run.dir", "resume", "checkpoint.dir", "mlflow.tracking_uri")
-    return [o for o in overrides if not o.lstrip("+~").split("=")[0].split(".")[0] in ("cluster", "resume")
-            and not o.lstrip("+~").startswith(owned)]
+    def owned(override: str) -> bool:
+        key = override.lstrip("+~").split("=", 1)[0]
+        return any(key == k or key.startswith(k + ".") for k in OWNED_KEYS)
+
+    return [o for o in overrides if not owned(o)]
 
 
 def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) -> List[Task]:
