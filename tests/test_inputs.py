@@ -27,6 +27,9 @@ CASES = {
     "digits-cnn": ["strategy=central_storage", "devices.logical_cpus=2", "model=cnn", "data=digits",
                    "executor=custom_loop", "train.epochs=3", "train.optimizer.name=adam",
                    "train.optimizer.learning_rate=0.01", "train.log_every_n_steps=1"],
+    # float16 compute with loss scaling (a GPU feature; on CPU it must still train correctly)
+    "mixed-fit": [*FAST, "train.mixed_precision=true", "executor=fit"],
+    "mixed-custom_loop": [*FAST, "train.mixed_precision=true", "executor=custom_loop"],
     "user-model": [*MIRRORED2, *FAST, "model=tiny", f"hydra.searchpath=[file://{USER / 'conf'}]"],
 }
 

@@ -28,10 +28,11 @@ def make_replica_step(job: Job, per_example_loss):
             loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        if scaled:  # mixed precision: scale the loss up for the gradient, then the gradients back down
-            grads = optimizer.get_unscaled_gradients(tape.gradient(optimizer.get_scaled_loss(loss), model.trainable_variables))
-        else:
-            grads = tape.gradient(loss, model.trainable_variables)
+            # mixed precision: scale the loss up (on the tape) so float16 gradients do not underflow
+            target = optimizer.get_scaled_loss(loss) if scaled else loss
+        grads = tape.gradient(target, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, tf.reshape(tf.reduce_mean(losses), [1])
 
