@@ -9,7 +9,6 @@ advises. Fails at once, saying so, on a machine without GPUs.
 """
 
 import argparse
-import os
 import re
 import subprocess
 import sys

@@ -88,6 +88,16 @@ class Progress:
             log.info(progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates))
 
 
+def finish(job: Job, meter: Throughput, step: int, epoch_loss: float, train_sec: float, evaluate) -> Result:
+    """Evaluate (evaluate() -> {'eval/...': value}), report the eval and whole-run figures, build the Result."""
+    started = time.perf_counter()
+    results = evaluate()
+    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
+    summary = meter.summary(train_sec)
+    job.reporter.log_metrics({**results, **summary}, step)
+    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
+
+
 def checkpoint_due(job: Job, step: int, epoch_end: bool, last_saved: int) -> bool:
     if not job.checkpoints:
         return False
@@ -169,11 +179,10 @@ def run_custom_loop(job: Job) -> Result:
                 job.checkpoints.save(step)
                 last_saved = step
     train_sec = time.perf_counter() - started
-    eval_started = time.perf_counter()
-    for batch in data.distributed_eval(strategy):
-        eval_step(batch)
-    results = eval_results()
-    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - eval_started)
-    summary = meter.summary(train_sec)
-    job.reporter.log_metrics({**results, **summary}, step)
-    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
+
+    def evaluate():
+        for batch in data.distributed_eval(strategy):
+            eval_step(batch)
+        return eval_results()
+
+    return finish(job, meter, step, epoch_loss, train_sec, evaluate)

@@ -9,7 +9,7 @@ import collections
 import time
 
 from runner.executors.base import Job, Result, Throughput, log, progress_line, replica_metrics
-from runner.executors.custom_loop import checkpoint_due, make_evaluator, make_replica_step
+from runner.executors.custom_loop import checkpoint_due, finish, make_evaluator, make_replica_step
 
 
 def run_ps_loop(job: Job) -> Result:
@@ -80,11 +80,10 @@ def run_ps_loop(job: Job) -> Result:
                 last_saved = step
     coordinator.join()
     train_sec = time.perf_counter() - started
-    eval_started = time.perf_counter()
-    for batch in data.eval_dataset():  # evaluated on the coordinator, with the variables from the ps tasks
-        eval_update(batch)
-    results = eval_results()
-    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - eval_started)
-    summary = meter.summary(train_sec)
-    job.reporter.log_metrics({**results, **summary}, step)
-    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
+
+    def evaluate():  # on the coordinator, with the variables from the ps tasks
+        for batch in data.eval_dataset():
+            eval_update(batch)
+        return eval_results()
+
+    return finish(job, meter, step, epoch_loss, train_sec, evaluate)
