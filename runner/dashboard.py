@@ -17,6 +17,7 @@ def server_command(uri: str, host: str, port: int):
 
 
 def main(argv=None) -> int:
+    from runner.redact import redact_uri
     from runner.tracking import resolve_tracking_uri
 
     parser = argparse.ArgumentParser(prog="python -m runner.dashboard", description=__doc__.splitlines()[0])
@@ -27,10 +28,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     uri = args.tracking_uri or resolve_tracking_uri(None)
     if uri.startswith("http"):
-        print(f"{uri} is already an MLflow server: open {uri}/#/experiments?workflowType=machine_learning")
+        print(f"{redact_uri(uri)} is already an MLflow server: open {redact_uri(uri)}/#/experiments?workflowType=machine_learning")
         return 0
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    print(f"MLflow UI for {uri}: http://{args.host}:{args.port}/#/experiments?workflowType=machine_learning "
+    print(f"MLflow UI for {redact_uri(uri)}: http://{args.host}:{args.port}/#/experiments?workflowType=machine_learning "
           "(Ctrl-C stops it)", flush=True)
     proc = subprocess.Popen(server_command(uri, args.host, args.port), env=env)
 

@@ -48,11 +48,12 @@ def run_sweep_job(cfg: DictConfig) -> int:
     overrides = list(hc.overrides.task)
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
     log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(overrides) or "(defaults)")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **{JOB_ENV: str(num)})
+    # the store through the environment, not the command line, where credentials would show in `ps`
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=cfg_uri(cfg), **{JOB_ENV: str(num)})
     parent = _state(sweep_dir, "parent_run_id")
     if os.path.exists(parent):
         env[PARENT_ENV] = open(parent).read().strip()
-    argv = [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}", f"mlflow.tracking_uri={cfg_uri(cfg)}"]
+    argv = [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail: List[str] = []
     for line in proc.stdout:

@@ -4,7 +4,12 @@ Types and unknown keys are already caught by the schemas (runner/schema.py) whil
 Each check here is one small function with a message that names the bad value and the valid choices.
 """
 
+import json
 import os
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Callable, List
 
 from omegaconf import DictConfig
@@ -148,3 +153,123 @@ def eval_fraction_in_range(cfg):
     fraction = cfg.data.get("eval_fraction")
     if fraction is not None and not 0 < fraction < 1:
         raise ConfigError(f"data.eval_fraction={fraction} must be between 0 and 1 (exclusive).")
+
+
+MAX_LOGICAL_CPUS_PER_CORE = 4  # past this, replicas only fight over the same cores
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@check
+def logical_cpus_sensible(cfg):
+    n, cores = cfg.devices.logical_cpus, _cores()
+    limit = MAX_LOGICAL_CPUS_PER_CORE * cores
+    if n > limit:
+        raise ConfigError(
+            f"devices.logical_cpus={n} is more than this machine can use: it has {cores} CPU core(s), and more than "
+            f"{MAX_LOGICAL_CPUS_PER_CORE} logical CPUs per core only adds thread contention. Use 1..{limit}; for more "
+            "replicas, spread them over processes (cluster=localhost cluster.workers=N strategy=multi_worker_mirrored)."
+        )
+
+
+@check
+def resume_dir_exists(cfg):
+    if cfg.resume and not os.path.isdir(os.path.expanduser(str(cfg.resume))):
+        raise ConfigError(
+            f"resume={cfg.resume!r}: no such directory. Pass the output directory of an earlier run "
+            "(outputs/<date>/<time>, printed at its start), which holds its checkpoints/ and mlflow_run_id."
+        )
+
+
+def _local_host(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]", socket.gethostname(), socket.getfqdn())
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not listen on host:port now (another process holds it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free for a server
+        try:
+            s.bind(((host if host.startswith("127.") else "127.0.0.1") if host != "0.0.0.0" else "0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+@check
+def tf_config_well_formed(cfg):
+    """TF_CONFIG mistakes, found before TensorFlow reads it (its own errors are KeyErrors and hangs)."""
+    if cfg.cluster.name != "tf_config":
+        return
+    raw = os.environ.get("TF_CONFIG")
+    example = '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
+    if not raw:
+        raise ConfigError(f"cluster=tf_config needs the TF_CONFIG environment variable, which is not set. It is JSON like {example}.")
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {raw[:200]!r}. It should look like {example}.") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not spec["cluster"]:
+        raise ConfigError(f"TF_CONFIG has no 'cluster' (a map of job name to host:port list): {raw[:200]!r}. It should look like {example}.")
+    jobs, task = spec["cluster"], spec.get("task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ConfigError(f"TF_CONFIG has no 'task' {{'type': ..., 'index': ...}} saying which task this process is: {raw[:200]!r}. "
+                          f"It should look like {example}.")
+    kind, index = task["type"], task["index"]
+    if kind != "evaluator" and kind not in jobs:
+        raise ConfigError(f"TF_CONFIG task type {kind!r} is not a job of its cluster; valid types: {', '.join(jobs)} (or evaluator).")
+    if kind in jobs:
+        if not isinstance(index, int) or not 0 <= index < len(jobs[kind]):
+            raise ConfigError(f"TF_CONFIG task index {index!r} is out of range: job {kind!r} has {len(jobs[kind])} task(s), "
+                              f"so valid indices are 0..{len(jobs[kind]) - 1}.")
+        address = str(jobs[kind][index])
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise ConfigError(f"TF_CONFIG address {address!r} of {kind}:{index} is not host:port.")
+        if _local_host(host) and port_in_use(host, int(port)):
+            raise ConfigError(
+                f"TF_CONFIG gives this task ({kind}:{index}) the address {address}, but port {port} is already in use "
+                "on this machine (another task or program holds it). Give every task a free port, or stop the "
+                "program that holds it (`ss -ltnp | grep :{port}` shows which)."
+            )
+
+
+def tracking_problem(uri: str, timeout: float = 3.0):
+    """None when an http(s) tracking server answers /health, else why not. Other stores are not probed."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    parts = urllib.parse.urlsplit(uri)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+    netloc = f"{host}:{parts.port}" if parts.port else host  # without user:password, which urllib cannot take here
+    try:
+        with urllib.request.urlopen(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", "")),
+                                    timeout=timeout):
+            return None
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            return None  # an auth proxy in front of it: MLflow's own credentials (MLFLOW_TRACKING_TOKEN...) apply later
+        return f"it answered HTTP {err.code} on /health: is it an MLflow tracking server?"
+    except (urllib.error.URLError, OSError) as err:
+        return str(getattr(err, "reason", err))
+
+
+@check
+def tracking_server_reachable(cfg):
+    from runner.redact import redact_uri
+
+    uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not (cfg.mlflow.enabled and uri):
+        return
+    problem = tracking_problem(uri)
+    if problem:
+        source = "mlflow.tracking_uri" if cfg.mlflow.tracking_uri else "MLFLOW_TRACKING_URI"
+        raise ConfigError(
+            f"{source}={redact_uri(uri)} is unreachable ({problem}); nothing was trained. Start the server, point "
+            f"{source} at one that is up, unset it to log to the local sqlite:///mlflow.db, or set "
+            "mlflow.enabled=false to train without tracking."
+        )

@@ -2,7 +2,7 @@
 
 Strategy constructors wait for absent peers inside C++ while holding Python's GIL, so no thread of the
 waiting process can act; this tiny process (no TensorFlow) can. It ends quietly when its stdin closes.
-Usage: python -m runner.watchdog PID SECONDS MESSAGE [TRACKING_URI RUN_ID OWNER]
+Usage: python -m runner.watchdog PID SECONDS MESSAGE [RUN_ID OWNER] (the store: $MLFLOW_TRACKING_URI)
 """
 
 import os
@@ -17,14 +17,14 @@ def main(argv) -> None:
     if ready:  # the pipe closed: the call finished in time (or the process is gone)
         return
     print(f"Error: {message}", file=sys.stderr, flush=True)
-    if len(argv) >= 6 and argv[4]:
+    if len(argv) >= 5 and argv[3] and os.environ.get("MLFLOW_TRACKING_URI"):
         try:
             from mlflow import MlflowClient
 
-            client = MlflowClient(argv[3])
-            client.set_tag(argv[4], "error", message)
-            if argv[5] == "owner":
-                client.set_terminated(argv[4], "FAILED")
+            client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+            client.set_tag(argv[3], "error", message)
+            if argv[4] == "owner":
+                client.set_terminated(argv[3], "FAILED")
         except Exception as err:  # the message above is what matters
             print(f"(could not mark the MLflow run: {err})", file=sys.stderr)
     try:

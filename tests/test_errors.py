@@ -1,14 +1,111 @@
-"""Every config mistake gives one readable message and a non-zero exit, before any training; runs that had
-started are marked FAILED in MLflow with the error recorded."""
+"""The bad-input matrix of docs/reliability.md, one case per row: each bad input gives one readable message that
+names the bad value and what would be valid, a non-zero exit, no traceback, no training, and no MLflow run
+marked successful (either no run at all, or one marked FAILED with the error recorded)."""
 
+import json
 import re
+import socket
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 import numpy as np
 import pytest
 
-from conftest import mlflow_run_by_name
+from conftest import ROOT, mlflow_run_by_name, run_runner
 
 EXPERIMENT = "errors"
+MWMS_TF_CONFIG = ["strategy=multi_worker_mirrored", "cluster=tf_config"]
+
+
+@dataclass
+class Row:
+    args: List[str]
+    code: int
+    needles: List[str]
+    run: Optional[str] = None  # None: no MLflow run may exist; "FAILED": one must, FAILED, with the error
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+# {busy}: a port a test socket listens on; {free}: a port nothing listens on; {tmp}: this test's directory.
+ROWS = {
+    # Hydra composition, against the typed schemas (exit 1): no TensorFlow import
+    "unknown-option": Row(["strategy=mirored"], 1, ["Could not find 'strategy/mirored'", "mirrored", "central_storage"]),
+    "unknown-key": Row(["train.epoch=3"], 1, ["Key 'epoch' not in 'TrainConfig'", "full_key: train.epoch"]),
+    "wrong-type": Row(["train.epochs=many"], 1, ["full_key: train.epochs", "'many'"]),
+    "unknown-strategy-argument": Row(["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]),
+    # runner/validate.py (exit 2): no TensorFlow import
+    "zero-epochs": Row(["train.epochs=0"], 2, ["train.epochs=0 must be a positive integer"]),
+    "negative-steps": Row(["train.steps_per_epoch=-5"], 2, ["train.steps_per_epoch=-5 must be 1 or more, or null"]),
+    "zero-batch": Row(["train.global_batch_size=0"], 2, ["train.global_batch_size=0 must be a positive integer"]),
+    "negative-batch": Row(["train.global_batch_size=-8"], 2, ["train.global_batch_size=-8 must be a positive integer"]),
+    "zero-learning-rate": Row(["train.optimizer.learning_rate=0"], 2, ["train.optimizer.learning_rate=0.0 must be greater than 0"]),
+    "unknown-optimizer": Row(["train.optimizer.name=adamw"], 2, ["train.optimizer.name='adamw' is not valid", "sgd, adam, rmsprop, adagrad"]),
+    "too-many-logical-cpus": Row(["devices.logical_cpus=1000"], 2, ["devices.logical_cpus=1000 is more than this machine can use", "cluster.workers=N"]),
+    "ps-without-cluster": Row(["strategy=parameter_server"], 2, ["strategy=parameter_server needs a cluster", "cluster=localhost"]),
+    "ops-not-for-strategy": Row(["strategy=mirrored", "cross_device_ops=ring"], 2, ["cross_device_ops=ring does not apply to strategy=mirrored", "hierarchical_copy"]),
+    "tpu-strategy-without-tpu-cluster": Row(["strategy=tpu"], 2, ["strategy=tpu needs cluster=tpu", "strategy=mirrored"]),
+    "missing-data-file": Row(["data=npz", "data.path=missing.npz"], 2, ["data.path='missing.npz': no such file", "x_train and y_train"]),
+    "eval-fraction-out-of-range": Row(["data=npz", "data.path={tmp}/good.npz", "data.eval_fraction=1.5"], 2, ["data.eval_fraction=1.5 must be between 0 and 1"]),
+    "resume-missing-dir": Row(["resume=/no/such/run"], 2, ["resume='/no/such/run': no such directory", "outputs/<date>/<time>"]),
+    "tf-config-unset": Row(MWMS_TF_CONFIG, 2, ["cluster=tf_config needs the TF_CONFIG environment variable", '"task": {"type": "worker"']),
+    "tf-config-not-json": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG is not valid JSON", "{worker: oops"], env={"TF_CONFIG": "{worker: oops"}),
+    "tf-config-without-task": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG has no 'task'"], env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}"]}})}),
+    "tf-config-index-out-of-range": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG task index 2 is out of range", "valid indices are 0..1"],
+                                        env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}", "127.0.0.1:{busy}"]}, "task": {"type": "worker", "index": 2}})}),
+    "tf-config-unknown-task-type": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG task type 'chef' is not a job of its cluster", "valid types: worker"],
+                                       env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}"]}, "task": {"type": "chef", "index": 0}})}),
+    "tf-config-port-in-use": Row(MWMS_TF_CONFIG, 2, ["port {busy} is already in use", "worker:0"],
+                                 env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{busy}", "127.0.0.1:{free}"]}, "task": {"type": "worker", "index": 0}})}),
+    "tracking-server-unreachable": Row([], 2, ["MLFLOW_TRACKING_URI=http://127.0.0.1:{free} is unreachable", "Connection refused",
+                                               "mlflow.enabled=false"], env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{free}"}),
+    # found once TensorFlow is up (exit 2): before any step; where the run had started it is FAILED
+    "tpu-unreachable": Row(["strategy=tpu", "cluster=tpu"], 2, ["cluster=tpu could not reach a TPU at cluster.tpu='local'", "strategy=mirrored"]),
+    "tpu-unknown-address": Row(["strategy=tpu", "cluster=tpu", "cluster.tpu=grpc://127.0.0.1:{free}", "cluster.connect_timeout_sec=3"], 2,
+                               ["could not reach a TPU at cluster.tpu='grpc://127.0.0.1:{free}'", "cluster.connect_timeout_sec=3"]),
+    "nccl-without-gpu": Row(["strategy=mirrored", "cross_device_ops=nccl"], 2, ["cross_device_ops=nccl needs NVIDIA GPUs", "hierarchical_copy or reduction_to_one_device"], run="FAILED"),
+    "nccl-collectives-without-gpu": Row(["strategy=multi_worker_mirrored", "cross_device_ops=nccl"], 2, ["needs NVIDIA GPUs", "Use cross_device_ops=ring or auto"], run="FAILED"),
+    "batch-below-replicas": Row(["strategy=mirrored", "devices.logical_cpus=4", "train.global_batch_size=3"], 2,
+                                ["train.global_batch_size=3 is smaller than the 4 replicas"], run="FAILED"),
+    "corrupt-data-file": Row(["data=npz", "data.path={tmp}/corrupt.npz"], 2, ["could not be read as a .npz file"], run="FAILED"),
+    "data-file-wrong-arrays": Row(["data=npz", "data.path={tmp}/good.npz", "data.x_train=features"], 2, ["has no array named features", "x_train, y_train"], run="FAILED"),
+    "model-target-missing": Row(["model._target_=no_such_module.build"], 2, ["model._target_='no_such_module.build' cannot be imported", "runner.models.mlp"], run="FAILED"),
+    "model-target-wrong-arguments": Row(["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' does not accept the model config"], run="FAILED"),
+    "model-target-not-keras": Row(["model._target_=builtins.dict"], 2, ["model._target_='builtins.dict' returned dict, not a tf_keras model"], run="FAILED"),
+}
+# Rows of docs/reliability.md that other tests cover, and where.
+ELSEWHERE = {
+    "old-file-store": "tests/test_errors.py::test_old_file_store_gets_a_migration_hint",
+    "uneven-batch": "tests/test_inputs.py::test_guide_example_runs_uneven_batches_on_four_replicas",
+}
+# Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.
+SLOW = {k for k, r in ROWS.items() if r.run or k.startswith("tpu-")}
+
+
+@pytest.fixture(scope="module")
+def ports():
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    yield {"busy": str(busy.getsockname()[1]), "free": str(free)}
+    busy.close()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-data")
+    rng = np.random.default_rng(0)
+    np.savez(root / "good.npz", x_train=rng.standard_normal((64, 3)).astype("float32"), y_train=rng.integers(0, 2, 64))
+    (root / "corrupt.npz").write_bytes(b"this is not a zip file")
+    return root
+
+
+def fill(text: str, values: Dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
 
 
 def assert_clean_failure(result, code, *needles):
@@ -19,64 +116,50 @@ def assert_clean_failure(result, code, *needles):
     assert "Epoch 1/" not in result.output and "step 1/" not in result.output  # no training started
 
 
-# Caught while Hydra composes or by validation: no TensorFlow import, no MLflow run.
-@pytest.mark.parametrize("args,code,needles", [
-    (["strategy=mirored"], 1, ["Could not find 'strategy/mirored'", "mirrored", "central_storage"]),
-    (["train.epochs=many"], 1, ["full_key: train.epochs", "'many'"]),
-    (["train.epoch=3"], 1, ["Key 'epoch' not in 'TrainConfig'", "full_key: train.epoch"]),
-    (["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]),
-    (["strategy=parameter_server"], 2, ["strategy=parameter_server needs a cluster", "cluster=local"]),
-    (["strategy=mirrored", "cross_device_ops=ring"], 2, ["cross_device_ops=ring does not apply to strategy=mirrored"]),
-    (["data=npz", "data.path=missing.npz"], 2, ["data.path='missing.npz': no such file"]),
-    (["train.global_batch_size=0"], 2, ["train.global_batch_size=0 must be a positive integer"]),
-    (["strategy=tpu"], 2, ["strategy=tpu needs cluster=tpu"]),
-])
-def test_config_mistakes_fail_before_tensorflow(runner, args, code, needles):
-    name = "config-" + re.sub(r"[^A-Za-z0-9]+", "_", "-".join(args))
-    result = runner(name, [*args, f"mlflow.experiment_name={EXPERIMENT}"])
-    assert_clean_failure(result, code, *needles)
-    assert "MLflow run" not in result.output  # nothing started, so nothing to mark
+def _run_rows(runner, names, values):
+    jobs = {name: [fill(a, values) for a in ROWS[name].args] + [f"mlflow.experiment_name={EXPERIMENT}"] for name in names}
+    envs = {name: {k: fill(v, values) for k, v in ROWS[name].env.items()} for name in names}
+    results = {}
+    for name in names:
+        if name in SLOW:
+            continue
+        if "MLFLOW_TRACKING_URI" in envs[name]:  # the store under test comes from the environment
+            results[name] = run_runner(jobs[name], cwd=runner.root, run_dir=runner.root / "runs" / name, env_extra=envs[name])
+        else:
+            results[name] = runner(name, jobs[name], env_extra=envs[name])
+    slow = [n for n in names if n in SLOW]
+    results.update(runner.many({n: jobs[n] for n in slow}))
+    return results
 
 
-def test_tpu_without_a_tpu_fails_fast(runner):
-    """The TPU is probed while the cluster is resolved, before any run starts."""
-    result = runner("tpu-probe", ["strategy=tpu", "cluster=tpu", f"mlflow.experiment_name={EXPERIMENT}"])
-    assert_clean_failure(result, 2, "cluster=tpu could not reach a TPU at cluster.tpu='local'", "strategy=mirrored")
+def test_every_bad_input_gets_a_clear_error(runner, ports, data_dir):
+    values = {**ports, "tmp": str(data_dir)}
+    results = _run_rows(runner, list(ROWS), values)
+    failures = []
+    for name, row in ROWS.items():
+        result = results[name]
+        try:
+            assert_clean_failure(result, row.code, *[fill(n, values) for n in row.needles])
+            if row.run is None:
+                assert "MLflow run" not in result.output, "a run was started"
+            else:
+                _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+                assert run.info.status == row.run
+                assert fill(row.needles[0], values) in run.data.tags["error"]
+        except AssertionError as err:
+            failures.append(f"--- {name}: {err}")
+    assert not failures, "\n".join(failures)
 
 
-def _npz(tmp_path):
-    good = tmp_path / "good.npz"
-    rng = np.random.default_rng(0)
-    np.savez(good, x_train=rng.standard_normal((64, 3)).astype("float32"), y_train=rng.integers(0, 2, 64))
-    corrupt = tmp_path / "corrupt.npz"
-    corrupt.write_bytes(b"this is not a zip file")
-    return good, corrupt
-
-
-def test_hardware_and_data_mistakes_fail_fast_and_mark_the_run_failed(runner, tmp_path):
-    good, corrupt = _npz(tmp_path)
-    cases = {
-        "nccl-mirrored": (["strategy=mirrored", "cross_device_ops=nccl"],
-                          ["cross_device_ops=nccl needs NVIDIA GPUs", "hierarchical_copy or reduction_to_one_device"]),
-        "nccl-mwms": (["strategy=multi_worker_mirrored", "cross_device_ops=nccl"], ["Use cross_device_ops=ring or auto"]),
-        "batch-below-replicas": (["strategy=mirrored", "devices.logical_cpus=4", "train.global_batch_size=3"],
-                                 ["train.global_batch_size=3 is smaller than the 4 replicas"]),
-        "corrupt-npz": (["data=npz", f"data.path={corrupt}"], ["could not be read as a .npz file"]),
-        "npz-wrong-keys": (["data=npz", f"data.path={good}", "data.x_train=features"],
-                           ["has no array named features", "x_train, y_train"]),
-        "bad-model-target": (["model._target_=numpy.zeros"], ["model._target_='numpy.zeros'"]),
-    }
-    results = runner.many({name: [*args, f"mlflow.experiment_name={EXPERIMENT}"] for name, (args, _) in cases.items()})
-    for name, (_, needles) in cases.items():
-        assert_clean_failure(results[name], 2, *needles)
-        _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
-        assert run.info.status == "FAILED", name
-        assert needles[0] in run.data.tags["error"]
+def test_the_matrix_in_the_docs_is_the_matrix_tested():
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    section = text.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M)
+    assert len(documented) >= 20
+    assert sorted(documented) == sorted([*ROWS, *ELSEWHERE])
 
 
 def test_old_file_store_gets_a_migration_hint(tmp_path):
-    from conftest import run_runner
-
     (tmp_path / "mlruns" / "0").mkdir(parents=True)
     (tmp_path / "mlruns" / "0" / "meta.yaml").write_text("name: Default\n")
     result = run_runner([], cwd=tmp_path, run_dir=tmp_path / "out")

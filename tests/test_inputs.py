@@ -56,9 +56,12 @@ def test_each_input_path_trains(results, runner, name):
 
 
 def test_guide_example_runs_uneven_batches_on_four_replicas(results, runner):
-    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "guide-fit")
-    assert run.data.tags["num_replicas_in_sync"] == "4"
-    assert "loss/replica_3" in run.data.metrics
+    """Decided behaviour for a global batch that does not divide by the replicas: allowed, split, and said so."""
+    for name in ("guide-fit", "guide-custom_loop"):
+        _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+        assert run.data.tags["num_replicas_in_sync"] == "4"
+        assert "loss/replica_3" in run.data.metrics
+        assert "global_batch_size=10 does not split evenly over 4 replicas: they get 3/3/2/2 examples" in results[name].output
 
 
 def test_digits_cnn_learns(results, runner):

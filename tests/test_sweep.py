@@ -128,6 +128,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def listening_addresses(port):
+    """The local addresses of sockets listening on `port`, from /proc/net/tcp and tcp6."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address)
+    return found
+
+
 def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
@@ -150,6 +163,7 @@ def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise AssertionError("dashboard did not start")
                 time.sleep(0.5)
+        assert listening_addresses(port) == {"127.0.0.1"}  # this machine only, by default
         exp_id = parent.info.experiment_id
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=[

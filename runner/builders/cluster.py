@@ -5,7 +5,6 @@
 (`localhost` never gets here: runner/launcher.py starts tf_config tasks instead.)
 """
 
-import json
 import os
 import threading
 from dataclasses import dataclass
@@ -49,21 +48,7 @@ class Cluster:
 def _tf_config(cfg) -> Cluster:
     import tensorflow as tf
 
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        raise ConfigError("cluster=tf_config needs the TF_CONFIG environment variable (JSON with 'cluster' and 'task'); it is not set.")
-    try:
-        spec = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {raw[:200]!r}") from None
-    task = spec.get("task") or {}
-    jobs = spec.get("cluster") or {}
-    if "type" not in task or "index" not in task:
-        raise ConfigError(f"TF_CONFIG has no task {{'type': ..., 'index': ...}} for this process: {raw[:200]!r}")
-    if task["type"] not in jobs and task["type"] != "evaluator":
-        raise ConfigError(f"TF_CONFIG task type {task['type']!r} is not a job of its cluster ({', '.join(jobs) or 'none'}).")
-    if task["type"] in jobs and not 0 <= int(task["index"]) < len(jobs[task["type"]]):
-        raise ConfigError(f"TF_CONFIG task index {task['index']} is out of range: job {task['type']!r} has {len(jobs[task['type']])} task(s).")
+    # TF_CONFIG was checked (JSON, task, index, free port) by runner/validate.py before TensorFlow was imported.
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
 

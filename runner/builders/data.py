@@ -7,10 +7,13 @@
   (DatasetCreator for fit, distribute_datasets_from_function for the custom loop).
 """
 
+import logging
 from dataclasses import dataclass
 
 from runner.datasets import ArrayData
 from runner.errors import ConfigError
+
+log = logging.getLogger("runner")
 
 
 @dataclass
@@ -89,6 +92,12 @@ def build_data(cfg, arrays: ArrayData, train_cfg, num_replicas: int) -> Data:
             f"data.input=from_function needs train.global_batch_size divisible by the {num_replicas} replicas; "
             f"{gbs} is not. Use {gbs - gbs % num_replicas or num_replicas} or {gbs + num_replicas - gbs % num_replicas}."
         )
+    if gbs % num_replicas:
+        # Allowed, as in the guide (batches of 10 over 4 replicas): tf.distribute splits each batch as evenly as it
+        # can, and the loss is averaged over the global batch, so the gradient is the same as on one device.
+        shards = [gbs // num_replicas + (1 if i < gbs % num_replicas else 0) for i in range(num_replicas)]
+        log.info("train.global_batch_size=%d does not split evenly over %d replicas: they get %s examples per step "
+                 "(the gradient is still that of the whole batch)", gbs, num_replicas, "/".join(map(str, shards)))
     n = len(arrays.x_train)
     if train_cfg.steps_per_epoch is None and n < gbs:
         raise ConfigError(

@@ -22,8 +22,11 @@ def build_model(cfg, input_shape, num_outputs):
     except Exception as err:
         raise ConfigError(f"model._target_={target!r} cannot be imported ({err}). Use runner.models.linear, runner.models.mlp, runner.models.cnn or your own module.function.") from None
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    try:
+        params = inspect.signature(fn).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    except (TypeError, ValueError):  # a builtin or C function: no signature to read, so offer it everything
+        params, takes_any = {}, True
     for name, value in (("input_shape", tuple(input_shape)), ("num_outputs", num_outputs)):
         if takes_any or name in params:
             kwargs.setdefault(name, value)

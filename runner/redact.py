@@ -1,0 +1,36 @@
+"""Keep secrets out of logs, MLflow params and tags: credentials in URIs, and values of secret-looking
+environment variables (names containing TOKEN, KEY, SECRET, PASSWORD...)."""
+
+import os
+import re
+from typing import Dict
+
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+_URI_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
+MASK = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
+
+
+def redact_uri(text: str) -> str:
+    """http://user:pass@host -> http://user:***@host (anywhere in the text)."""
+    return _URI_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", str(text))
+
+
+def _secret_values():
+    return sorted((v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 4), key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    """Mask URI credentials and the value of every secret-looking environment variable."""
+    text = redact_uri(text)
+    for value in _secret_values():
+        text = text.replace(value, MASK)
+    return text
+
+
+def redact_mapping(items: Dict[str, str]) -> Dict[str, str]:
+    """Params or tags: a secret-looking key gets its value masked; every other value is redacted."""
+    return {k: MASK if is_secret_name(k.rsplit(".", 1)[-1]) else redact(v) for k, v in items.items()}
