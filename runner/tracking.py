@@ -7,13 +7,16 @@ import contextlib
 import glob
 import logging
 import os
+import threading
 import time
 import traceback
 from typing import Dict, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from runner import outbox
 from runner.errors import ConfigError
+from runner.redact import is_secret_name, redact, redact_mapping, redact_uri
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3.17's own default: embedded, no server
 MAX_PARAM_LENGTH = 6000
@@ -51,58 +54,139 @@ def flatten(node, prefix: str = "") -> Dict[str, str]:
 
 
 class RunLog:
-    """One MLflow run: buffered metrics, sent with log_batch so logging costs training almost nothing."""
+    """One MLflow run. Metrics and tags are queued and sent by a background thread with log_batch, so neither
+    logging nor an unreachable server ever stalls training: undelivered values stay queued and are retried.
+    close() delivers the rest (waiting up to mlflow.delivery_timeout_sec for a server that is down) and, if
+    the server never comes back, saves them to an outbox file that `python -m runner.deliver` sends later."""
 
-    def __init__(self, client, run_id: str, owner: bool = True):
-        self._client = client
-        self.run_id = run_id
+    def __init__(self, client, run_id: str, uri: str, owner: bool = True, flush_every: float = FLUSH_EVERY_SEC,
+                 delivery_timeout: float = 120.0, outbox_dir: Optional[str] = None):
+        self._client, self.run_id, self.tracking_uri = client, run_id, uri
         self.owner = owner  # False when attached to the launcher's run: the launcher ends it
-        self._buffer = []
+        self.flush_every, self.delivery_timeout, self.outbox_dir = flush_every, delivery_timeout, outbox_dir
+        self._metrics, self._tags = [], []
+        self._lock, self._sending = threading.Lock(), threading.Lock()
+        self._wake, self._stop = threading.Event(), threading.Event()
         self._last_flush = time.monotonic()
+        self._outage = None  # why the last delivery failed, while it keeps failing
+        self._thread = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
+        self._thread.start()
 
     def log_metrics(self, values: Dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in values.items())
-        if time.monotonic() - self._last_flush > FLUSH_EVERY_SEC:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write the buffered metrics, in log_batch calls of up to 1000 values.
-
-        Writing costs ~60 us per value in the SQLite store (more over HTTP) and competes with training for
-        the CPU, so it happens at most every FLUSH_EVERY_SEC during training and once at the end.
-        """
-        while self._buffer:
-            chunk, self._buffer = self._buffer[:METRICS_PER_BATCH], self._buffer[METRICS_PER_BATCH:]
-            self._client.log_batch(self.run_id, metrics=chunk)
-        self._last_flush = time.monotonic()
+        with self._lock:
+            self._metrics.extend(Metric(k, float(v), now, int(step)) for k, v in values.items())
+        if time.monotonic() - self._last_flush > self.flush_every:
+            self._wake.set()
 
     def set_tags(self, tags: Dict[str, object]) -> None:
         from mlflow.entities import RunTag
 
-        self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        with self._lock:
+            self._tags.extend(RunTag(k, str(v)[:5000]) for k, v in redact_mapping({k: str(v) for k, v in tags.items()}).items())
+        self._wake.set()
+
+    def flush(self) -> bool:
+        """Send what is queued now; False if the server could not take it (it stays queued)."""
+        return self._deliver()
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_every)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self._deliver()
+
+    def _deliver(self) -> bool:
+        """Send queued tags and metrics in log_batch calls of up to 1000 values, oldest first.
+
+        Writing costs ~60 us per value in the SQLite store (more over HTTP) and competes with training for
+        the CPU, so the sender wakes at most every mlflow.flush_every_sec during training.
+        """
+        with self._sending:
+            self._last_flush = time.monotonic()
+            while True:
+                with self._lock:
+                    tags, metrics = self._tags[:100], self._metrics[:METRICS_PER_BATCH - min(len(self._tags), 100)]
+                if not tags and not metrics:
+                    break
+                try:
+                    self._client.log_batch(self.run_id, metrics=metrics, tags=tags)
+                except Exception as err:  # connection refused, timeouts, 5xx after MLflow's own retries
+                    self._note_outage(err)
+                    return False
+                with self._lock:
+                    del self._tags[:len(tags)], self._metrics[:len(metrics)]
+                if self._outage is not None:
+                    log.warning("MLflow at %s is reachable again; delivering the metrics kept meanwhile", redact_uri(self.tracking_uri))
+                    self._outage = None
+            return True
+
+    def _note_outage(self, err: Exception) -> None:
+        why = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
+        if self._outage is None:
+            log.warning("MLflow at %s cannot take metrics now (%s); training goes on, %d value(s) kept here and "
+                        "retried every %gs", redact_uri(self.tracking_uri), why, self.pending, self.flush_every)
+        self._outage = why
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._metrics) + len(self._tags)
+
+    def close(self, status: Optional[str]) -> None:
+        """Deliver everything, then end the run with `status` (None: leave it to its owner)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        deadline = time.monotonic() + self.delivery_timeout
+        try:
+            while not self._deliver_all(status):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if self._outage:
+                    log.warning("waiting up to %.0fs more for MLflow at %s to take %d value(s) (mlflow.delivery_timeout_sec)",
+                                left, redact_uri(self.tracking_uri), self.pending)
+                time.sleep(min(5.0, left))
+            else:
+                return
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, keep what is left in the outbox
+        path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags,
+                           status if self.owner else None)
+        log.error("MLflow at %s did not come back: %d value(s) of run %s are saved in %s. Send them with "
+                  "`python -m runner.deliver %s` once it is up (a rerun with resume= does it too).",
+                  redact_uri(self.tracking_uri), self.pending, self.run_id, path, os.path.dirname(path))
+
+    def _deliver_all(self, status: Optional[str]) -> bool:
+        if not self._deliver():
+            return False
+        if status and self.owner:
+            try:
+                self._client.set_terminated(self.run_id, status)
+            except Exception as err:
+                self._note_outage(err)
+                return False
+        return True
 
     def log_params(self, params: Dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, v) for k, v in params.items()]
+        items = [Param(k, v) for k, v in redact_mapping(params).items()]
         for i in range(0, len(items), 100):
             self._client.log_batch(self.run_id, params=items[i : i + 100])
 
     def log_artifact(self, path: str, artifact_path: Optional[str] = None) -> None:
-        self._client.log_artifact(self.run_id, path, artifact_path)
+        try:
+            self._client.log_artifact(self.run_id, path, artifact_path)
+        except Exception as err:  # the file stays on disk; say where
+            log.warning("could not upload %s to MLflow (%s); it stays at %s", os.path.basename(path), redact(str(err))[:200], path)
 
     def log_text(self, text: str, name: str) -> None:
-        self._client.log_text(self.run_id, text, name)
-
-    def abort(self, message: str) -> None:
-        """Record the error and end the run FAILED now: for a process about to exit without unwinding."""
-        self.set_tags({"error": message})
-        self.flush()
-        if self.owner:
-            self._client.set_terminated(self.run_id, "FAILED")
+        self._client.log_text(self.run_id, redact(text), name)
 
 
 RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
@@ -128,7 +212,7 @@ class NullRun:
     def log_artifact(self, path, artifact_path=None):
         pass
 
-    def abort(self, message):
+    def close(self, status):
         pass
 
 
@@ -139,6 +223,7 @@ def _open_client(cfg):
 
     for name in ("mlflow", "alembic"):  # after the import: mlflow sets its own level when imported
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # one line per retry while a server is down; we say it once
     mlflow.set_tracking_uri(uri)
     return uri, MlflowClient(uri)
 
@@ -148,29 +233,73 @@ def _saved_run_id(output_dir: Optional[str]) -> Optional[str]:
     return open(path).read().strip() if output_dir and os.path.isfile(path) else None
 
 
+ENV_PREFIXES = ("TF_", "SLURM_", "CUDA_", "NCCL_", "MLFLOW_", "OMP_", "KMP_")  # what shapes a run, as env.* tags
+
+
+def env_tags() -> Dict[str, str]:
+    """The environment that shapes a run, minus anything that looks like a secret (MLFLOW_TRACKING_TOKEN...)."""
+    return {f"env.{k}": v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) and not is_secret_name(k)}
+
+
 @contextlib.contextmanager
 def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
-    """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED.
+    """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED (Ctrl-C, SIGTERM).
 
     A new run gets the composed config as params and artifacts. A run id saved in the output directory
-    (a rerun or resume=<dir>) continues that run. Under the localhost launcher, tasks attach to the
-    launcher's run (RUNNER_MLFLOW_RUN_ID) and leave ending it to the launcher.
+    (a rerun or resume=<dir>) continues that run, after delivering what an earlier attempt left in its
+    outbox. Under the localhost launcher, tasks attach to the launcher's run (RUNNER_MLFLOW_RUN_ID) and
+    leave ending it to the launcher. Secrets never reach params, tags or logs (runner/redact.py).
     """
+    from runner.stopping import Stopped
+
     uri, client = _open_client(cfg)
+    try:
+        runlog = _start(cfg, overrides, uri, client)
+    except Exception as err:  # MlflowException, connection errors: nothing has been trained yet
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"MLflow at {redact_uri(uri)} could not start the run ({redact(str(err)).strip()[:400]}); nothing was "
+                          "trained. Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false.") from None
+    status = "FAILED"
+    try:
+        yield runlog
+        status = "FINISHED"
+    except (KeyboardInterrupt, Stopped) as err:
+        status = "KILLED"
+        runlog.set_tags({"stopped_by": getattr(err, "signal_name", "SIGINT")})
+        raise
+    except BaseException as err:
+        runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
+        try:
+            runlog.log_text("".join(traceback.format_exception(err)), "error.txt")
+        except Exception:  # the server may be what failed; the error tag is queued either way
+            pass
+        raise
+    finally:
+        runlog.close(status)
+
+
+def _start(cfg: DictConfig, overrides, uri: str, client) -> RunLog:
+    """Continue, attach to, or create the run; a new one gets the config as params and artifacts."""
     attached = os.environ.get(ATTACH_ENV)
     resumed = None if attached else _saved_run_id(cfg.output_dir)
+    options = dict(uri=uri, owner=not attached, flush_every=cfg.mlflow.flush_every_sec,
+                   delivery_timeout=cfg.mlflow.delivery_timeout_sec, outbox_dir=cfg.output_dir)
     if attached or resumed:
+        if resumed and outbox.exists(cfg.output_dir):
+            outbox.deliver(client, cfg.output_dir)
         run = client.get_run(attached or resumed)
         if resumed:
             client.update_run(resumed, status="RUNNING")
-            client.set_tag(resumed, "resumed_with", " ".join(overrides))
-        runlog = RunLog(client, run.info.run_id, owner=not attached)
+        runlog = RunLog(client, run.info.run_id, **options)
+        if resumed:
+            runlog.set_tags({"resumed_with": " ".join(overrides)})
         log.info("MLflow run %s (%s) %s", run.info.run_name, run.info.run_id, "continued" if resumed else "attached")
     else:
         import mlflow
 
         tags = {"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name,
-                "cluster.name": cfg.cluster.name}
+                "cluster.name": cfg.cluster.name, **env_tags()}
         parent, run_name = os.environ.get(PARENT_ENV), cfg.mlflow.run_name
         if parent:  # a job of a sweep: nested under the sweep's run (named run_name), in its experiment
             experiment_id = client.get_run(parent).info.experiment_id
@@ -178,9 +307,11 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
             run_name = f"{run_name}-{os.environ.get(JOB_ENV, '')}" if run_name else None
         else:
             experiment_id = mlflow.set_experiment(cfg.mlflow.experiment_name).experiment_id
-        run = client.create_run(experiment_id, run_name=run_name, tags=tags)
-        runlog = RunLog(client, run.info.run_id)
-        log.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_name, run.info.run_id, cfg.mlflow.experiment_name, uri)
+        run = client.create_run(experiment_id, run_name=run_name, tags=redact_mapping(tags))
+        runlog = RunLog(client, run.info.run_id, **options)
+        link = f" (view: {redact_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id})" if uri.startswith("http") else ""
+        log.info("MLflow run %s (%s) in experiment %r at %s%s", run.info.run_name, run.info.run_id,
+                 cfg.mlflow.experiment_name, redact_uri(uri), link)
         container = OmegaConf.to_container(cfg, resolve=True)
         runlog.log_params(flatten(container))
         runlog.log_text(OmegaConf.to_yaml(container), "config.yaml")
@@ -189,21 +320,4 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
             os.makedirs(cfg.output_dir, exist_ok=True)
             with open(os.path.join(cfg.output_dir, RUN_ID_FILE), "w") as f:
                 f.write(run.info.run_id)
-    runlog.tracking_uri = uri
-    status = "FAILED"
-    try:
-        yield runlog
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except BaseException as err:
-        runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
-        runlog.log_text("".join(traceback.format_exception(err)), "error.txt")
-        raise
-    finally:
-        try:
-            runlog.flush()
-        finally:
-            if not attached:
-                client.set_terminated(runlog.run_id, status)
+    return runlog
