@@ -1,5 +1,6 @@
 """Hydra entry point. Config-only paths (--help, --cfg, validation) never import TensorFlow."""
 
+import os
 import sys
 
 import hydra
@@ -7,6 +8,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import schema
 from runner.errors import RunnerError
+from runner.stopping import Stopped
+from runner.tracking import ATTACH_ENV
 from runner.validate import validate
 
 schema.register()
@@ -38,6 +41,12 @@ def main(cfg: DictConfig) -> None:
         return
     try:
         run(cfg)
+    except Stopped as err:
+        launched = os.environ.get(ATTACH_ENV)  # a task of cluster=localhost: the launcher says what to do next
+        hint = f" Continue with: python -m runner <same overrides> resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
+        marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
+        print(f"Stopped: {err}{marked}{hint}", file=sys.stderr)
+        sys.exit(err.exit_code)
     except RunnerError as err:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
         print(f"Error: {err}", file=sys.stderr)

@@ -15,3 +15,9 @@ class ClusterError(RunnerError):
     """A task of a multi-process cluster died or never joined; the message names it."""
 
     exit_code = 3
+
+
+class TrainingError(RunnerError):
+    """Training went wrong (the loss became NaN or infinite); the last good checkpoint is kept."""
+
+    exit_code = 4

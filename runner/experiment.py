@@ -13,7 +13,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from runner import datasets
+from runner import datasets, stopping
 from runner.env import native_stderr_captured
 from runner.tracking import NullRun, mlflow_run
 
@@ -55,9 +55,10 @@ def deadline(seconds: float, what: str, run):
     import subprocess
 
     message = f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?"
-    mlflow_args = [getattr(run, "tracking_uri", ""), run.run_id or "", "owner" if getattr(run, "owner", False) else "attached"]
+    mlflow_args = [run.run_id or "", "owner" if getattr(run, "owner", False) else "attached"]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=getattr(run, "tracking_uri", ""))  # not in argv: it may hold credentials
     watchdog = subprocess.Popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(seconds), message, *mlflow_args],
-                                stdin=subprocess.PIPE)
+                                stdin=subprocess.PIPE, env=env)
     try:
         yield
     finally:
@@ -96,6 +97,7 @@ def run_experiment(cfg: DictConfig) -> dict:
         from runner.evaluator import evaluate_checkpoints
 
         return evaluate_checkpoints(cfg, cluster)
+    stopping.install()  # Ctrl-C / SIGTERM: checkpoint at a step boundary, run KILLED (servers keep the defaults)
     logs = cluster.is_chief and cfg.mlflow.enabled
     run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
     with run_context as run:

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import DictConfig
 
+from runner import stopping
 from runner.errors import ClusterError
 from runner.tracking import ATTACH_ENV, mlflow_run
 
@@ -96,17 +97,40 @@ class Task:
                 sys.stdout.write(f"[{self.name}] {line}")
                 sys.stdout.flush()
 
-    def stop(self, grace: float) -> None:
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def wait_or_kill(self, deadline: float) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace)
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            log.warning("%s did not stop in time; killing it", self.name)
+            self.signal(signal.SIGKILL)
             self.proc.wait()
-        except ProcessLookupError:
-            pass
+
+
+def stop_all(tasks: List["Task"], grace: float) -> None:
+    """SIGTERM to every task at once (trainers take it as a preemption notice and checkpoint at a step they agree
+    on), then SIGKILL whatever still runs after `grace` seconds. Trainers first: a coordinator outliving its
+    servers floods the log."""
+    trainers = _trainers(tasks)
+    try:
+        for group in (trainers, [t for t in tasks if t not in trainers]):
+            for t in group:
+                t.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for t in group:
+                t.wait_or_kill(deadline)
+    except (KeyboardInterrupt, stopping.Stopped):  # asked again while waiting: stop now, leave nothing behind
+        for t in tasks:
+            t.signal(signal.SIGKILL)
+        raise
 
 
 OWNED_KEYS = ("cluster", "resume", "hydra.run.dir", "checkpoint.dir", "mlflow.tracking_uri")
@@ -137,16 +161,27 @@ def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) ->
             ATTACH_ENV: run_id,
             LAUNCH_ENV: launch_id,
             "PYTHONUNBUFFERED": "1",
+            "MLFLOW_TRACKING_URI": uri,  # not on the command line, where credentials would show in `ps`
             "RUNNER_TASK_ROLE": "server" if job == "ps" or (ps_strategy and job == "worker") else job,
         })
         run_dir = os.path.join(out, f"{job}-{i}")
         argv = [sys.executable, "-m", "runner", *_task_overrides(overrides),
                 "cluster=tf_config", f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
                 f"hydra.run.dir={run_dir}",
-                f"checkpoint.dir={cfg.checkpoint.dir or os.path.join(out, 'checkpoints')}",
-                f"mlflow.tracking_uri={uri}"]
+                f"checkpoint.dir={cfg.checkpoint.dir or os.path.join(out, 'checkpoints')}"]
         tasks.append(Task(job, i, argv, env, run_dir))
     return tasks
+
+
+def _checkpoint_note(cfg) -> str:
+    """'checkpoint at step N in DIR' from the checkpoint index file (no TensorFlow here)."""
+    directory = cfg.checkpoint.dir or os.path.join(cfg.output_dir, "checkpoints")
+    try:
+        with open(os.path.join(directory, "checkpoint")) as f:
+            latest = f.readline().split(":", 1)[1].strip().strip('"')
+        return f"the latest checkpoint is step {latest.rsplit('-', 1)[-1]} in {directory}"
+    except (OSError, IndexError):
+        return "no checkpoint was written"
 
 
 def _trainers(tasks: List[Task]) -> List[Task]:
@@ -166,6 +201,9 @@ def supervise(tasks: List[Task], cfg) -> None:
             code = t.proc.poll()
             if code is None or (code == 0 and not t.is_server):
                 continue
+            if code == stopping.EXIT_CODES[signal.SIGTERM] and not t.is_server:
+                raise stopping.Stopped(signal.SIGTERM, f"task {t.name} was preempted (SIGTERM) and the trainers stopped "
+                                       f"together; {_checkpoint_note(cfg)}.")
             if t.is_server and t.restarts < cfg.cluster.restart_workers:
                 t.restarts += 1
                 log.warning("%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers)
@@ -190,16 +228,27 @@ def launch(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    stopping.install()
     with mlflow_run(cfg, overrides) as run:
         tasks = build_tasks(cfg, overrides, run.run_id, run.tracking_uri)
         log.info("cluster on 127.0.0.1: %s", ", ".join(t.name for t in tasks))
+        log.info("note: TensorFlow's gRPC servers listen on every interface, not only 127.0.0.1 (hard-coded in TensorFlow); "
+                 "on a shared network, firewall the task ports")
         run.set_tags({"cluster.tasks": ",".join(t.name for t in tasks)})
+        grace = cfg.cluster.failure_grace_sec
         try:
             supervise(tasks, cfg)
+        except (KeyboardInterrupt, stopping.Stopped) as err:
+            log.warning("stopping: every task gets up to %gs (cluster.stop_grace_sec) to write its checkpoint",
+                        cfg.cluster.stop_grace_sec)
+            stop_all(tasks, cfg.cluster.stop_grace_sec)
+            if isinstance(err, stopping.Stopped) and "preempted" in str(err):
+                raise
+            signum = signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.Signals[err.signal_name]
+            raise stopping.Stopped(signum, f"stopped by {signal.Signals(signum).name}; every task was stopped and "
+                                   f"{_checkpoint_note(cfg)}.") from None
         finally:
-            # Trainers first (a coordinator outliving its servers floods the log), then the rest.
-            for t in _trainers(tasks) + [t for t in tasks if t not in _trainers(tasks)]:
-                t.stop(cfg.cluster.failure_grace_sec)
+            stop_all(tasks, grace)
             for t in tasks:
                 for pump in t.pumps:
                     pump.join(timeout=2)

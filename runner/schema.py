@@ -78,6 +78,7 @@ class LocalhostClusterConfig(ClusterConfig):
     chief: bool = False  # parameter_server always gets a chief: the coordinator
     evaluator: bool = False  # a side-car evaluator task that evaluates each checkpoint
     failure_grace_sec: float = 5.0  # after a task dies, how long the others get to exit before they are killed
+    stop_grace_sec: float = 60.0  # on Ctrl-C or SIGTERM: how long trainers get to write their checkpoint
     restart_workers: int = 3  # parameter_server: restart a dead worker or ps task up to this many times
 
 
@@ -192,6 +193,8 @@ class MlflowConfig:
     run_name: Optional[str] = None
     tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
     enabled: bool = True  # false: no MLflow at all (benchmarks of the logging cost, quick trials)
+    flush_every_sec: float = 30.0  # the background sender's period; training never waits for it
+    delivery_timeout_sec: float = 120.0  # at the end: wait this long for a server that is down, then save an outbox
 
 
 @dataclass

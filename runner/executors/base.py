@@ -1,11 +1,13 @@
 """What every executor takes and returns, and the throughput meter they share."""
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Protocol, Sequence
 
 from runner import STARTED
+from runner.errors import TrainingError
 
 log = logging.getLogger("runner")
 
@@ -134,3 +136,16 @@ def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, r
     eps = rates.get("throughput/examples_per_sec")
     speed = f" {eps:,.0f} examples/s" if eps else ""
     return f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}{speed}"
+
+
+def check_loss(job: "Job", loss: float, step: int) -> None:
+    """Stop with a clear error when the loss is NaN or infinite; the last good checkpoint stays as it is."""
+    if math.isfinite(loss):
+        return
+    last = job.checkpoints.last_step if job.checkpoints else None
+    kept = (f"The last good checkpoint (step {last}) is kept in {job.checkpoints.directory}. " if last is not None
+            else "No checkpoint had been written yet. ")
+    raise TrainingError(
+        f"the training loss became {loss} by step {step}; training stopped. {kept}Lower "
+        f"train.optimizer.learning_rate (now {job.train.optimizer.learning_rate:g}), or check the data for NaN/inf values."
+    )

@@ -8,7 +8,8 @@ scheduled on the workers through a ClusterCoordinator (runner/executors/ps_loop.
 import sys
 import time
 
-from runner.executors.base import Job, Result, Throughput, log, progress_line, replica_metrics
+from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line, replica_metrics
+from runner.stopping import StopGuard
 
 
 def make_replica_step(job: Job, per_example_loss):
@@ -155,29 +156,33 @@ def run_custom_loop(job: Job) -> Result:
     iterator = iter(data.distributed_train(strategy))
     steps = {}  # tf.constant per loop length, made once
     epoch_loss = float("nan")
-    for epoch in range(step // spe, epochs):
-        done = step - epoch * spe
-        loss_sum, counted, logged_at = 0.0, 0, done
-        progress.epoch(epoch)
-        while done < spe:
-            n = min(per_call, spe - done, max(1, job.checkpoint_every or spe))
-            log_now = done + n - logged_at >= every or done + n == spe
-            if n not in steps:
-                steps[n] = tf.constant(n)
-            loss, shards = train_loop(iterator, steps[n])  # tensor arguments only: the cheapest call
-            done, step, counted = done + n, step + n, counted + n
-            loss_sum += float(loss) * n
-            meter.tick(step)
-            epoch_loss = loss_sum / counted
-            progress.update(done, epoch_loss)
-            if log_now:
-                logged_at = done
-                rates = meter.window()
-                job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics(shards.numpy()), **rates}, step)
-                progress.line(epoch, done, epoch_loss, rates)
-            if checkpoint_due(job, step, done == spe, last_saved):
-                job.checkpoints.save(step)
-                last_saved = step
+    with StopGuard(job) as guard:
+        for epoch in range(step // spe, epochs):
+            done = step - epoch * spe
+            loss_sum, counted, logged_at = 0.0, 0, done
+            progress.epoch(epoch)
+            while done < spe:
+                n = min(per_call, spe - done, max(1, job.checkpoint_every or spe))
+                log_now = done + n - logged_at >= every or done + n == spe
+                if n not in steps:
+                    steps[n] = tf.constant(n)
+                loss, shards = train_loop(iterator, steps[n])  # tensor arguments only: the cheapest call
+                done, step, counted = done + n, step + n, counted + n
+                loss = float(loss)
+                check_loss(job, loss, step)
+                loss_sum += loss * n
+                meter.tick(step)
+                epoch_loss = loss_sum / counted
+                progress.update(done, epoch_loss)
+                if log_now:
+                    logged_at = done
+                    rates = meter.window()
+                    job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics(shards.numpy()), **rates}, step)
+                    progress.line(epoch, done, epoch_loss, rates)
+                if checkpoint_due(job, step, done == spe, last_saved):
+                    job.checkpoints.save(step)
+                    last_saved = step
+                guard.check(step)
     train_sec = time.perf_counter() - started
 
     def evaluate():

@@ -5,10 +5,11 @@ import time
 
 import numpy as np
 
-from runner.executors.base import Job, Result, Throughput, log, replica_metrics
+from runner.executors.base import Job, Result, Throughput, check_loss, log, replica_metrics
+from runner.stopping import StopGuard
 
 
-def _replica_loss_model(inner, per_example_loss, gather: bool):
+def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int):
     """Wrap the user's model so each train step also returns every replica's own shard loss.
 
     The shard losses are all-gathered inside the step, so each replica holds the same vector and
@@ -25,6 +26,10 @@ def _replica_loss_model(inner, per_example_loss, gather: bool):
         def call(self, inputs, training=None):
             return self.inner(inputs, training=training)
 
+        def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch):
+            # Keras's hook for resuming inside an epoch (BackupAndRestore uses it): start at the checkpoint's step.
+            return divmod(initial_step, steps_per_epoch) if initial_step else (initial_epoch, 0)
+
         def train_step(self, data):
             x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
             with tf.GradientTape() as tape:
@@ -40,7 +45,7 @@ def _replica_loss_model(inner, per_example_loss, gather: bool):
     return ReplicaLossModel()
 
 
-def _callbacks(job: Job, meter: Throughput, initial_step: int):
+def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard):
     import tf_keras
 
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
@@ -62,6 +67,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int):
         def report(self, step, logs):
             self.logged_at = step
             values = {k: float(np.mean(v)) for k, v in logs.items() if k != "replica_losses"}
+            check_loss(job, values.get("loss", 0.0), step)
             values.update(replica_metrics(np.ravel(logs["replica_losses"])))
             values.update(meter.window())
             job.reporter.log_metrics(values, step)
@@ -71,8 +77,12 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int):
             if job.parameter_server:
                 meter.tick(step)
                 self.report(step, logs)
+            else:
+                check_loss(job, float(np.mean(logs["loss"])), step)
             if job.checkpoints:
                 job.checkpoints.save(step)
+            if job.parameter_server:  # no batch-level hooks there: a signal is acted on at the epoch's end
+                guard.check(step)
 
     class BatchReport(EpochReport):
         """Metrics every train.log_every_n_steps steps."""
@@ -82,6 +92,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int):
             meter.tick(step)
             if step - self.logged_at >= every or batch + 1 == spe:
                 self.report(step, logs)
+            guard.check(step)
 
     return [EpochReport() if job.parameter_server else BatchReport()]
 
@@ -105,8 +116,10 @@ def run_fit(job: Job) -> Result:
 
     from runner.builders.model import build_loss, build_metrics
 
+    initial_step = job.restore()
     with job.strategy.scope():
-        model = _replica_loss_model(job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), not job.parameter_server)
+        model = _replica_loss_model(job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), not job.parameter_server,
+                                    initial_step)
         model.compile(
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
@@ -118,7 +131,7 @@ def run_fit(job: Job) -> Result:
     verbose = (1 if sys.stdout.isatty() else 2) if verbose == "auto" else int(verbose)
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
-    initial_epoch = job.restore() // data.steps_per_epoch
+    initial_epoch = initial_step // data.steps_per_epoch
     fit_input = data.fit_input(dataset_creator=job.parameter_server)
     arrays_in = data.input == "numpy" and not job.parameter_server
     kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
@@ -126,11 +139,11 @@ def run_fit(job: Job) -> Result:
     log.info("training with Model.fit: %d epochs x %d steps, global batch %d over %d replica(s)",
              job.train.epochs, data.steps_per_epoch, data.global_batch_size, job.replicas)
     started = time.perf_counter()
-    history = model.fit(
-        x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
-        verbose=verbose, callbacks=_callbacks(job, meter, initial_epoch * data.steps_per_epoch), shuffle=data.shuffle,
-        **kwargs,
-    )
+    with StopGuard(job) as guard:
+        history = model.fit(
+            x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
+            verbose=verbose, callbacks=_callbacks(job, meter, initial_step, guard), shuffle=data.shuffle, **kwargs,
+        )
     train_sec = time.perf_counter() - started
     steps = job.train.epochs * data.steps_per_epoch
     if job.parameter_server:

@@ -8,7 +8,8 @@ The coordinator retries a step whose worker died; a worker that comes back rejoi
 import collections
 import time
 
-from runner.executors.base import Job, Result, Throughput, log, progress_line, replica_metrics
+from runner import stopping
+from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line, replica_metrics
 from runner.executors.custom_loop import checkpoint_due, finish, make_evaluator, make_replica_step
 
 
@@ -50,34 +51,39 @@ def run_ps_loop(job: Job) -> Result:
     meter.start()
     started = time.perf_counter()
     epoch_loss = float("nan")
-    for epoch in range(step // spe, epochs):
-        done = step - epoch * spe
-        pending, loss_sum, counted, logged_at = [], 0.0, 0, done
-        while done < spe:
-            n = min(per_call, spe - done)
-            pending.append((n, coordinator.schedule(worker_loop, args=(iterator, tf.constant(n)))))
-            done, step = done + n, step + n
-            due_log = done - logged_at >= every or done == spe
-            due_ckpt = checkpoint_due(job, step, done == spe, last_saved)
-            if due_log or due_ckpt:
-                coordinator.join()  # every scheduled step has run: variables and losses are final
-                for k, remote in pending:
-                    loss, worker = remote.fetch()
-                    loss_sum, counted = loss_sum + float(loss) * k, counted + k
-                    per_worker[int(worker)] += k
-                pending = []
-                epoch_loss = loss_sum / counted
-                meter.tick(step)
-            if due_log:
-                logged_at = done
-                rates = meter.window()
-                steps_by_worker = {f"steps/worker_{w}": c for w, c in sorted(per_worker.items())}
-                job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics([epoch_loss]), **rates, **steps_by_worker}, step)
-                log.info(progress_line(epoch + 1, epochs, done, spe, epoch_loss, rates) +
-                         " | steps per worker " + ", ".join(f"{w}:{c}" for w, c in sorted(per_worker.items())))
-            if due_ckpt:
-                job.checkpoints.save(step)
-                last_saved = step
+    with stopping.StopGuard(job) as guard:  # no TF preemption handler under PS: it saves at the next join
+        for epoch in range(step // spe, epochs):
+            done = step - epoch * spe
+            pending, loss_sum, counted, logged_at = [], 0.0, 0, done
+            while done < spe:
+                n = min(per_call, spe - done)
+                pending.append((n, coordinator.schedule(worker_loop, args=(iterator, tf.constant(n)))))
+                done, step = done + n, step + n
+                due_log = done - logged_at >= every or done == spe
+                due_ckpt = checkpoint_due(job, step, done == spe, last_saved)
+                stop = stopping.requested()
+                if due_log or due_ckpt or stop:
+                    coordinator.join()  # every scheduled step has run: variables and losses are final
+                    for k, remote in pending:
+                        loss, worker = remote.fetch()
+                        loss_sum, counted = loss_sum + float(loss) * k, counted + k
+                        per_worker[int(worker)] += k
+                    pending = []
+                    epoch_loss = loss_sum / counted
+                    check_loss(job, epoch_loss, step)
+                    meter.tick(step)
+                if due_log:
+                    logged_at = done
+                    rates = meter.window()
+                    steps_by_worker = {f"steps/worker_{w}": c for w, c in sorted(per_worker.items())}
+                    job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics([epoch_loss]), **rates, **steps_by_worker}, step)
+                    log.info(progress_line(epoch + 1, epochs, done, spe, epoch_loss, rates) +
+                             " | steps per worker " + ", ".join(f"{w}:{c}" for w, c in sorted(per_worker.items())))
+                if due_ckpt:
+                    job.checkpoints.save(step)
+                    last_saved = step
+                if stop:
+                    guard.check(step)
     coordinator.join()
     train_sec = time.perf_counter() - started
 

@@ -1,0 +1,93 @@
+"""Ctrl-C (SIGINT) and SIGTERM: stop at a step boundary with a checkpoint, and end the MLflow run KILLED.
+
+SIGTERM is how Kubernetes, Slurm and preemptible VMs announce preemption. While training, either signal only
+raises a flag. TensorFlow's PreemptionCheckpointHandler (polling that flag) picks the step at which every
+worker of the cluster saves, the checkpoint is written there, and Stopped is raised. Under parameter_server,
+which that handler does not support, the coordinator saves at its next step boundary itself. Outside
+training, or on a second Ctrl-C, Stopped is raised at once.
+"""
+
+import logging
+import signal
+import threading
+
+from runner.errors import RunnerError
+
+log = logging.getLogger("runner")
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as shells report it
+
+_received = []  # signal numbers, in order
+_training = threading.Event()  # a StopGuard is active: defer to a step boundary
+
+
+class Stopped(RunnerError):
+    """Training was stopped by a signal; the run is KILLED, the checkpoint (if any) is resumable."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = EXIT_CODES.get(signum, 128 + signum)
+
+
+def _on_signal(signum, frame):
+    first = not _received
+    _received.append(signum)
+    name = signal.Signals(signum).name
+    if _training.is_set() and first:
+        log.warning("%s received: stopping at the next step boundary, after a checkpoint (send it again to stop at once)", name)
+        return
+    raise Stopped(signum, f"stopped by {name}")
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM through _on_signal (main thread only; tasks that only serve keep the defaults)."""
+    for signum in EXIT_CODES:
+        signal.signal(signum, _on_signal)
+
+
+def requested() -> bool:
+    return bool(_received)
+
+
+class StopGuard:
+    """`with StopGuard(job) as guard:` around the training loop; `guard.check(step)` at each step boundary."""
+
+    def __init__(self, job):
+        self.job, self.step, self.saved = job, 0, None
+        self.handler = None
+        if job.checkpoints and not job.parameter_server:
+            import tensorflow as tf
+
+            config = tf.distribute.experimental.TerminationConfig(
+                termination_watcher_fn=requested, exit_fn=self._stop, save_fn=self._save)
+            resolver = job.cluster.resolver if job.cluster is not None and job.multi_worker else None
+            self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, job.checkpoints.manager, termination_config=config)
+
+    def __enter__(self):
+        install()  # again: MultiWorkerMirroredStrategy's coordination service installs its own C++ SIGTERM handler
+        _training.set()
+        return self
+
+    def __exit__(self, kind, value, tb):
+        _training.clear()
+        if kind is None and _received:  # the signal came after the last step boundary: training is complete
+            self._stop()
+
+    def check(self, step: int) -> None:
+        self.step = step
+        if self.handler is not None:
+            self.handler.save_checkpoint_if_preempted()  # saves through _save and calls _stop once agreed
+        elif _received:
+            if self.job.checkpoints:
+                self._save()
+            self._stop()
+
+    def _save(self, *args, **kwargs) -> None:
+        self.job.checkpoints.save(self.step)
+        self.saved = self.step
+
+    def _stop(self) -> None:
+        signum = _received[0] if _received else signal.SIGTERM
+        where = (f"checkpoint written at step {self.saved} in {self.job.checkpoints.directory}" if self.saved is not None
+                 else "no checkpoint (checkpoint.enabled=false)" if not self.job.checkpoints else "the last checkpoint is kept")
+        raise Stopped(signum, f"training stopped by {signal.Signals(signum).name} at step {self.step}: {where}.")
