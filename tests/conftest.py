@@ -148,3 +148,48 @@ class LiveRun:
                 break
             self.lines.append(line)
         return code, "".join(self.lines)
+
+
+class MlflowServer:
+    """A real `mlflow server` on 127.0.0.1 over an SQLite store, which tests stop and start again mid-run."""
+
+    def __init__(self, root: Path):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.root, self.proc = root, None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout=60):
+        import time
+        import urllib.request
+
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.root}/server.db", "--default-artifact-root", str(self.root / "artifacts")],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError("mlflow server did not come up")
+
+    def stop(self):
+        import signal
+
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # gone at once, as a crashed server would be
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    yield server
+    server.stop()

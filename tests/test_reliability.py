@@ -1,0 +1,229 @@
+"""Faults survived or resumed with nothing lost (docs/reliability.md): a loss that becomes NaN/inf, SIGTERM as a
+preemption notice and Ctrl-C, a real MLflow server that goes away mid-run, a 20-job parallel sweep into one
+server, and secrets kept out of logs, params and tags."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import LiveRun, leftover_processes, mlflow_run_by_name, run_runner
+
+EXPERIMENT = "reliability"
+EXECUTORS = ["fit", "custom_loop"]
+# Dense(1) on ones with learning rate 2: the loss grows ~9x per step and overflows to inf near step 23.
+DIVERGING = ["model=linear", "data=ones", "train.optimizer.learning_rate=2", "train.epochs=60", "checkpoint.every_n_steps=4"]
+# Long enough to be interrupted: ~64 steps per epoch, a few thousand steps per second.
+LONG = ["strategy=mirrored", "devices.logical_cpus=2", "train.epochs=400", "train.log_every_n_steps=32"]
+
+
+def history(uri, run_id, key):
+    from mlflow import MlflowClient
+
+    return sorted(MlflowClient(uri).get_metric_history(run_id, key), key=lambda m: m.step)
+
+
+def checkpoint_steps(directory):
+    return sorted(int(m.group(1)) for f in os.listdir(directory) if (m := re.match(r"ckpt-(\d+)\.index$", f)))
+
+
+def test_a_diverging_loss_stops_the_run_and_keeps_the_last_good_checkpoint(runner):
+    results = runner.many({f"nan-{e}": [*DIVERGING, f"executor={e}", f"mlflow.experiment_name={EXPERIMENT}"] for e in EXECUTORS})
+    for executor in EXECUTORS:
+        name = f"nan-{executor}"
+        result = results[name]
+        assert result.returncode == 4, result.output[-3000:]
+        found = re.search(r"the training loss became (inf|nan) by step (\d+); training stopped\. The last good checkpoint "
+                          r"\(step (\d+)\) is kept in (\S+)\. Lower train\.optimizer\.learning_rate \(now 2\)", result.stderr)
+        assert found, result.stderr[-2000:]
+        bad_step, good_step = int(found.group(2)), int(found.group(3))
+        assert 0 < good_step < bad_step
+        assert checkpoint_steps(result.run_dir / "checkpoints")[-1] == good_step
+        assert "Traceback" not in result.output
+        _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+        assert run.info.status == "FAILED" and "loss became" in run.data.tags["error"]
+        # The kept checkpoint holds finite weights, model and optimizer alike; no later (bad) one was written.
+        assert checkpoint_finite(result.run_dir / "checkpoints" / f"ckpt-{good_step}")
+
+
+def checkpoint_finite(prefix) -> bool:
+    import numpy as np
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(prefix))
+    values = [reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if "model" in k or "optimizer" in k]
+    return len(values) > 2 and all(np.all(np.isfinite(v)) for v in values if np.issubdtype(np.asarray(v).dtype, np.floating))
+
+
+def _interrupt(runner, name, args, signum):
+    """Start a long run, signal it once it has logged a few hundred steps; returns (exit code, output, last step seen)."""
+    live = LiveRun([*args, f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"], runner.root,
+                   runner.root / "runs" / name, runner.uri)
+    line = live.wait_for(lambda l: re.search(r"epoch ([4-9]|\d\d+)/400 step \d+/64", l) or re.search(r"^Epoch ([4-9]|\d\d+)/400", l), 120)
+    seen = max([int(m.group(1)) for m in re.finditer(r"step (\d+)/64", "".join(live.lines))] + [0])
+    epoch = int(re.search(r"[Ee]poch (\d+)/400", line).group(1))
+    live.proc.send_signal(signum)
+    code, output = live.finish(timeout=90)
+    return code, output, (epoch - 1) * 64 + seen if "step" in line else (epoch - 1) * 64
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_sigterm_checkpoints_at_once_and_the_rerun_resumes_there(runner, executor):
+    name = f"preempted-{executor}"
+    code, output, before = _interrupt(runner, name, [*LONG, f"executor={executor}"], signal.SIGTERM)
+    assert code == 143, output[-3000:]
+    stop = re.search(r"Stopped: training stopped by SIGTERM at step (\d+): checkpoint written at step (\d+) in (\S+)\.", output)
+    assert stop, output[-3000:]
+    step = int(stop.group(1))
+    assert int(stop.group(2)) == step >= before  # written where training stopped: no step is lost
+    run_dir = runner.root / "runs" / name
+    assert checkpoint_steps(run_dir / "checkpoints")[-1] == step
+    assert f"resume={run_dir}" in output
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+    assert run.info.status == "KILLED" and run.data.tags["stopped_by"] == "SIGTERM"
+    # The rerun starts at that very step (inside an epoch, for fit too) and finishes the same MLflow run.
+    epochs = step // 64 + 1
+    result = run_runner([*LONG, f"executor={executor}", f"train.epochs={epochs}", f"resume={run_dir}"], cwd=runner.root,
+                        run_dir=run_dir, tracking_uri=runner.uri)
+    assert result.returncode == 0, result.output[-3000:]
+    assert f"resumed from checkpoint at step {step} " in result.output
+    assert f"done: {epochs * 64} steps" in result.output
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in history(runner.uri, run.info.run_id, "loss/replica_0")]
+    assert steps == sorted(set(steps)) and steps[-1] == epochs * 64  # one history, no step twice
+    assert [s for s in steps if s > step][0] - step <= 32  # logging picked up right after the checkpoint
+
+
+def test_ctrl_c_checkpoints_and_marks_the_run_killed(runner):
+    code, output, before = _interrupt(runner, "ctrl-c", [*LONG, "executor=custom_loop"], signal.SIGINT)
+    assert code == 130, output[-3000:]
+    step = int(re.search(r"stopped by SIGINT at step (\d+): checkpoint written at step \1", output).group(1))
+    assert step >= before
+    assert checkpoint_steps(runner.root / "runs" / "ctrl-c" / "checkpoints")[-1] == step
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ctrl-c")
+    assert run.info.status == "KILLED"
+
+
+def test_a_preempted_worker_makes_the_cluster_checkpoint_together(runner):
+    """SIGTERM to worker:1 only: TensorFlow's PreemptionCheckpointHandler has both workers save at the same step."""
+    args = ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring",
+            "executor=fit", "train.epochs=400", "train.log_every_n_steps=32", f"mlflow.experiment_name={EXPERIMENT}",
+            "mlflow.run_name=preempted-worker"]
+    live = LiveRun(args, runner.root, runner.root / "runs" / "preempted-worker", runner.uri)
+    pid = int(live.wait_for(lambda l: "started worker:1 (pid" in l, 60).split("pid ")[1].split(")")[0])
+    live.wait_for(lambda l: re.search(r"\[worker:1\] Epoch 3/400", l), 180)
+    os.kill(pid, signal.SIGTERM)
+    code, output = live.finish(timeout=120)
+    assert code == 143, output[-3000:]
+    saved = {m.group(1): int(m.group(2)) for m in re.finditer(r"\[(worker:\d)\] Stopped: training stopped by SIGTERM at step "
+                                                               r"\d+: checkpoint written at step (\d+)", output)}
+    assert set(saved) == {"worker:0", "worker:1"} and saved["worker:0"] == saved["worker:1"], output[-3000:]
+    assert "SIGTERM received" not in "".join(l for l in output.splitlines(True) if l.startswith("[worker:0]"))  # it was told by its peer
+    assert "task worker:1 was preempted (SIGTERM)" in output and f"the latest checkpoint is step {saved['worker:0']}" in output
+    assert checkpoint_steps(runner.root / "runs" / "preempted-worker" / "checkpoints")[-1] == saved["worker:0"]
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "preempted-worker")
+    assert run.info.status == "KILLED"
+    deadline = time.monotonic() + 10
+    while leftover_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftover_processes() == []
+
+
+def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow_server, tmp_path):
+    """The server is killed while training runs and started again later: training goes on, every metric point is
+    delivered, and the run ends FINISHED. A second run whose server stays down saves an outbox that
+    `python -m runner.deliver` sends once the server is back."""
+    args = ["executor=custom_loop", "train.epochs=200", "train.log_every_n_steps=8", "mlflow.flush_every_sec=1",
+            f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=server-outage"]
+    live = LiveRun(args, tmp_path, tmp_path / "outage", mlflow_server.uri)
+    live.wait_for(lambda l: "epoch 2/200" in l, 120)
+    time.sleep(1.5)  # a first flush has reached the server
+    mlflow_server.stop()
+    live.wait_for(lambda l: "cannot take metrics now" in l, 60)
+    progress = live.wait_for(lambda l: re.search(r"epoch \d+/200", l), 60)  # training goes on meanwhile
+    mlflow_server.start()
+    code, output = live.finish(timeout=300)
+    assert code == 0, output[-3000:]
+    assert progress and "is reachable again" in output
+    client, run = _server_run(mlflow_server.uri, "server-outage")
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in history(mlflow_server.uri, run.info.run_id, "loss")]
+    expected = [e * 64 + s for e in range(200) for s in [*range(8, 64, 8), 64]]
+    assert steps == expected  # every point, once
+
+    # The server is down at the end and stays down past mlflow.delivery_timeout_sec: an outbox keeps the rest.
+    args = ["model=linear", "data=ones", "train.epochs=30", "train.log_every_n_steps=1", "mlflow.delivery_timeout_sec=2",
+            f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=server-gone"]
+    live = LiveRun(args, tmp_path, tmp_path / "gone", mlflow_server.uri)
+    live.wait_for(lambda l: "training with" in l, 60)
+    mlflow_server.stop()
+    code, output = live.finish(timeout=120)
+    assert code == 0, output[-3000:]
+    assert "python -m runner.deliver" in output and (tmp_path / "gone" / "mlflow_outbox.jsonl").exists()
+    mlflow_server.start()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    sent = subprocess.run([sys.executable, "-m", "runner.deliver", str(tmp_path / "gone"), "--tracking-uri", mlflow_server.uri],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    client, run = _server_run(mlflow_server.uri, "server-gone")
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in history(mlflow_server.uri, run.info.run_id, "loss")] == list(range(1, 31))
+    assert not (tmp_path / "gone" / "mlflow_outbox.jsonl").exists()
+
+
+def _server_run(uri, name):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    (run,) = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
+    return client, run
+
+
+def test_a_parallel_sweep_of_20_jobs_loses_nothing_on_one_server(mlflow_server, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    argv = [sys.executable, "-m", "runner", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4", "train.seed=range(20)",
+            "model=linear", "data=ones", "train.epochs=12", "train.log_every_n_steps=1", "checkpoint.enabled=false",
+            "save_model=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", f"mlflow.tracking_uri={mlflow_server.uri}",
+            f"mlflow.experiment_name={EXPERIMENT}-load", "mlflow.run_name=load"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name(f"{EXPERIMENT}-load")
+    (parent,) = client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'load'")
+    children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 20
+    assert sorted(int(c.data.params["train.seed"]) for c in children) == list(range(20))
+    assert all(c.info.status == "FINISHED" for c in children)
+    with ThreadPoolExecutor(8) as pool:
+        histories = list(pool.map(lambda c: [m.step for m in history(mlflow_server.uri, c.info.run_id, "loss/replica_0")], children))
+    assert all(h == list(range(1, 13)) for h in histories), histories  # 20 x 12 points, none lost or doubled
+
+
+def test_secrets_stay_out_of_logs_params_and_tags(mlflow_server, tmp_path):
+    secrets = {"MLFLOW_TRACKING_PASSWORD": "pw-9f8e7d", "MY_API_TOKEN": "tok-5c4b3a", "TF_VAR_db_password": "tfv-1a2b3c"}
+    uri = mlflow_server.uri.replace("http://", "http://alice:url-6d5e4f@")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(secrets, MLFLOW_TRACKING_USERNAME="alice", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "runner", "model=linear", "data=ones", "train.epochs=2", f"mlflow.tracking_uri={uri}",
+            f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=secrets", f"checkpoint.dir={tmp_path}/ckpt-${{oc.env:MY_API_TOKEN}}",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client, run = _server_run(mlflow_server.uri, "secrets")
+    logged = "\n".join([proc.stdout, proc.stderr, *run.data.params.values(), *run.data.tags.values(), *run.data.params, *run.data.tags])
+    for secret in [*secrets.values(), "url-6d5e4f"]:
+        assert secret not in logged, secret
+    assert "alice:***@127.0.0.1" in proc.stdout + proc.stderr  # the URI is shown, its password is not
+    assert run.data.params["mlflow.tracking_uri"] == uri.replace("url-6d5e4f", "***")
+    assert run.data.params["checkpoint.dir"] == f"{tmp_path}/ckpt-***"  # a config value built from a secret variable
+    assert "env.TF_CPP_MIN_LOG_LEVEL" in run.data.tags  # the environment is recorded, minus the secrets
+    assert not any(k.endswith(("PASSWORD", "TOKEN", "password")) for k in run.data.tags)
