@@ -4,7 +4,8 @@ SIGTERM is how Kubernetes, Slurm and preemptible VMs announce preemption. While 
 raises a flag. TensorFlow's PreemptionCheckpointHandler (polling that flag) picks the step at which every
 worker of the cluster saves, the checkpoint is written there, and Stopped is raised. Under parameter_server,
 which that handler does not support, the coordinator saves at its next step boundary itself. Outside
-training, or on a second Ctrl-C, Stopped is raised at once.
+training, or on a second Ctrl-C, Stopped is raised at once. (TPUStrategy and GCE CPU VMs, where TensorFlow's
+handler works differently, take the same single-worker path as parameter_server.)
 """
 
 import logging
@@ -55,13 +56,16 @@ class StopGuard:
     def __init__(self, job):
         self.job, self.step, self.saved = job, 0, None
         self.handler = None
-        if job.checkpoints and not job.parameter_server:
+        if job.checkpoints and not job.parameter_server and "TPU" not in type(job.strategy).__name__:
             import tensorflow as tf
 
             config = tf.distribute.experimental.TerminationConfig(
                 termination_watcher_fn=requested, exit_fn=self._stop, save_fn=self._save)
             resolver = job.cluster.resolver if job.cluster is not None and job.multi_worker else None
-            self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, job.checkpoints.manager, termination_config=config)
+            handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, job.checkpoints.manager, termination_config=config)
+            # On GCE CPU VMs TensorFlow's handler does nothing (it leaves them to GCE's own notices): save ourselves there.
+            if getattr(getattr(handler, "_platform_device", None), "name", "INTERNAL_CPU").startswith("INTERNAL"):
+                self.handler = handler
 
     def __enter__(self):
         install()  # again: MultiWorkerMirroredStrategy's coordination service installs its own C++ SIGTERM handler
