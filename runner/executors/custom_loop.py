@@ -19,6 +19,7 @@ def make_replica_step(job: Job, per_example_loss):
     import tf_keras
 
     model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
+    one_replica = job.replicas == 1 and not job.parameter_server  # under PS each worker's batch is the global one too, but keep it simple
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def replica_step(inputs):
@@ -35,7 +36,9 @@ def make_replica_step(job: Job, per_example_loss):
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, tf.reshape(tf.reduce_mean(losses), [1])
+        # One replica holding the whole batch: its shard's mean loss is the loss itself (no extra ops per step).
+        shard = loss if one_replica and not model.losses else tf.reduce_mean(losses)
+        return loss, tf.reshape(shard, [1])
 
     return replica_step
 
@@ -128,7 +131,8 @@ def run_custom_loop(job: Job) -> Result:
         # every replica of the cluster: gather across workers; one worker: its local results, in order
         if job.multi_worker:
             return strategy.gather(shard, axis=0)
-        return tf.concat(strategy.experimental_local_results(shard), axis=0)
+        local = strategy.experimental_local_results(shard)
+        return local[0] if len(local) == 1 else tf.concat(local, axis=0)
 
     @tf.function
     def train_loop(iterator, num_steps):

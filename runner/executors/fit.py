@@ -9,7 +9,7 @@ from runner.executors.base import Job, Result, Throughput, check_loss, log, repl
 from runner.stopping import StopGuard
 
 
-def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int):
+def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int, replicas: int):
     """Wrap the user's model so each train step also returns every replica's own shard loss.
 
     The shard losses are all-gathered inside the step, so each replica holds the same vector and
@@ -37,7 +37,13 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
                 loss = self.compute_loss(x, y, y_pred, sample_weight)
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
-            shard = tf.reshape(tf.reduce_mean(per_example_loss(y, y_pred)), [1])
+            if sample_weight is None:
+                # compute_loss returns (this shard's mean loss + regularization) / replicas (tf_keras scales it for
+                # distribution): undo that instead of computing the loss a second time.
+                shard = loss * replicas - (tf.add_n(self.losses) if self.losses else 0.0)
+            else:
+                shard = tf.reduce_mean(per_example_loss(y, y_pred))
+            shard = tf.reshape(tf.cast(shard, tf.float32), [1])
             # parameter_server has one replica per step: nothing to gather
             logs["replica_losses"] = tf.distribute.get_replica_context().all_gather(shard, axis=0) if gather else shard
             return logs
@@ -119,7 +125,7 @@ def run_fit(job: Job) -> Result:
     initial_step = job.restore()
     with job.strategy.scope():
         model = _replica_loss_model(job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), not job.parameter_server,
-                                    initial_step)
+                                    initial_step, job.replicas)
         model.compile(
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
