@@ -16,51 +16,48 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--strategy", default="default", choices=["default", "mirrored", "central_storage"])
-    p.add_argument("--executor", default="fit", choices=["fit", "custom_loop"])
-    p.add_argument("--logical-cpus", type=int, default=1)
-    p.add_argument("--global-batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--steps-per-call", type=int, default=1)
-    p.add_argument("--examples", type=int, default=4096)
-    args = p.parse_args()
+def setup_devices(logical_cpus: int):
+    """Split the CPU into logical devices (once per process, before TensorFlow initialises them)."""
+    import tensorflow as tf
 
+    if logical_cpus > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpus)
+
+
+def train(strategy_name="default", executor="fit", logical_cpus=1, global_batch=256, steps=1000, steps_per_call=1,
+          examples=4096) -> dict:
+    """One training run written the way the guide teaches; {"examples_per_sec": ..., "train_sec": ...}."""
     import numpy as np
     import tensorflow as tf
 
-    if args.logical_cpus > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
-    cpus = [f"/device:CPU:{i}" for i in range(args.logical_cpus)]
-    if args.strategy == "mirrored":
+    cpus = [f"/device:CPU:{i}" for i in range(logical_cpus)]
+    if strategy_name == "mirrored":
         strategy = tf.distribute.MirroredStrategy(cpus)
-    elif args.strategy == "central_storage":
+    elif strategy_name == "central_storage":
         strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=cpus, parameter_device="/cpu:0")
     else:
         strategy = tf.distribute.get_strategy()
     import tf_keras as keras
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.examples, 20)).astype(np.float32)
+    x = rng.standard_normal((examples, 20)).astype(np.float32)
     y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int32)
-    gbs = args.global_batch
-    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(args.examples, seed=0).repeat()
+    gbs = global_batch
+    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(examples, seed=0).repeat()
                .batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Input(shape=(20,)), keras.layers.Dense(64, activation="relu"),
                                   keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)])
         optimizer = keras.optimizers.SGD(learning_rate=0.05)
-
-    if args.executor == "fit":
+    if executor == "fit":
         with strategy.scope():
             # accuracy too: the runner tracks it for classification, so both sides do the same work
             model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"], steps_per_execution=args.steps_per_call)
+                          metrics=["accuracy"], steps_per_execution=steps_per_call)
         started = time.perf_counter()
-        model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
         train_sec = time.perf_counter() - started
     else:
         with strategy.scope():
@@ -84,12 +81,27 @@ def main():
         started = time.perf_counter()
         iterator = iter(strategy.experimental_distribute_dataset(dataset))
         done = 0
-        while done < args.steps:
-            n = min(args.steps_per_call, args.steps - done)
+        while done < steps:
+            n = min(steps_per_call, steps - done)
             float(train_steps(iterator, tf.constant(n)))
             done += n
         train_sec = time.perf_counter() - started
-    print(json.dumps({"examples_per_sec": args.steps * gbs / train_sec, "train_sec": train_sec}))
+    return {"examples_per_sec": steps * gbs / train_sec, "train_sec": train_sec}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--strategy", default="default", choices=["default", "mirrored", "central_storage"])
+    p.add_argument("--executor", default="fit", choices=["fit", "custom_loop"])
+    p.add_argument("--logical-cpus", type=int, default=1)
+    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps-per-call", type=int, default=1)
+    p.add_argument("--examples", type=int, default=4096)
+    args = p.parse_args()
+    setup_devices(args.logical_cpus)
+    print(json.dumps(train(args.strategy, args.executor, args.logical_cpus, args.global_batch, args.steps,
+                           args.steps_per_call, args.examples)))
 
 
 if __name__ == "__main__":

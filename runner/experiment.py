@@ -152,4 +152,4 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
         run.log_artifact(path, "model")
         log.info("model saved to %s", path)
     log.info(done_line(result, result.summary))
-    return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval}
+    return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval, **result.summary}

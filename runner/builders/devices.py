@@ -32,7 +32,9 @@ def build_devices(cfg) -> Devices:
             tf.config.experimental.set_memory_growth(gpu, True)
     if cfg.logical_cpus > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cfg.logical_cpus)
+        current = tf.config.get_logical_device_configuration(cpu)
+        if current is None or len(current) != cfg.logical_cpus:  # already so when called again in one process
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cfg.logical_cpus)
     # Names from the configuration, not list_logical_devices(): that would initialise TensorFlow's context,
     # and MultiWorkerMirroredStrategy must configure collective ops before it is initialised.
     return Devices(
