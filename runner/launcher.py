@@ -115,6 +115,20 @@ class Task:
             self.proc.wait()
 
 
+class TaskPreempted(stopping.Stopped):
+    """A trainer exited after a preemption notice: its peers are stopping too, at the step they agreed on."""
+
+
+def wait_for(tasks: List["Task"], seconds: float) -> None:
+    """Let the tasks exit by themselves, for up to `seconds` in all."""
+    deadline = time.monotonic() + seconds
+    for t in tasks:
+        try:
+            t.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def stop_all(tasks: List["Task"], grace: float) -> None:
     """SIGTERM to every task at once (trainers take it as a preemption notice and checkpoint at a step they agree
     on), then SIGKILL whatever still runs after `grace` seconds. Trainers first: a coordinator outliving its
@@ -202,8 +216,7 @@ def supervise(tasks: List[Task], cfg) -> None:
             if code is None or (code == 0 and not t.is_server):
                 continue
             if code == stopping.EXIT_CODES[signal.SIGTERM] and not t.is_server:
-                raise stopping.Stopped(signal.SIGTERM, f"task {t.name} was preempted (SIGTERM) and the trainers stopped "
-                                       f"together; {_checkpoint_note(cfg)}.")
+                raise TaskPreempted(signal.SIGTERM, f"task {t.name} was preempted (SIGTERM) and the trainers stopped together")
             if t.is_server and t.restarts < cfg.cluster.restart_workers:
                 t.restarts += 1
                 log.warning("%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers)
@@ -235,20 +248,20 @@ def launch(cfg: DictConfig) -> dict:
         log.info("note: TensorFlow's gRPC servers listen on every interface, not only 127.0.0.1 (hard-coded in TensorFlow); "
                  "on a shared network, firewall the task ports")
         run.set_tags({"cluster.tasks": ",".join(t.name for t in tasks)})
-        grace = cfg.cluster.failure_grace_sec
         try:
             supervise(tasks, cfg)
         except (KeyboardInterrupt, stopping.Stopped) as err:
             log.warning("stopping: every task gets up to %gs (cluster.stop_grace_sec) to write its checkpoint",
                         cfg.cluster.stop_grace_sec)
+            if isinstance(err, TaskPreempted):  # the others are checkpointing with it: a signal now would only interrupt them
+                wait_for(_trainers(tasks), cfg.cluster.stop_grace_sec)
             stop_all(tasks, cfg.cluster.stop_grace_sec)
-            if isinstance(err, stopping.Stopped) and "preempted" in str(err):
-                raise
-            signum = signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.Signals[err.signal_name]
-            raise stopping.Stopped(signum, f"stopped by {signal.Signals(signum).name}; every task was stopped and "
-                                   f"{_checkpoint_note(cfg)}.") from None
+            # Read the checkpoint only now: the chief may still have been writing it when a peer exited.
+            signum = signal.Signals[err.signal_name] if isinstance(err, stopping.Stopped) else signal.SIGINT
+            reason = str(err) if isinstance(err, stopping.Stopped) else "stopped by SIGINT"
+            raise stopping.Stopped(signum, f"{reason}; every task was stopped and {_checkpoint_note(cfg)}.") from None
         finally:
-            stop_all(tasks, grace)
+            stop_all(tasks, cfg.cluster.failure_grace_sec)
             for t in tasks:
                 for pump in t.pumps:
                     pump.join(timeout=2)
