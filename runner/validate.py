@@ -15,6 +15,7 @@ from typing import Callable, List
 from omegaconf import DictConfig
 
 from runner.errors import ConfigError
+from runner.redact import redact_uri
 
 CHECKS: List[Callable[[DictConfig], None]] = []
 
@@ -190,12 +191,13 @@ def _local_host(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]", socket.gethostname(), socket.getfqdn())
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """Whether a server could not listen on host:port now (another process holds it)."""
+def port_in_use(port: int) -> bool:
+    """Whether a server could not listen on the port now: TensorFlow's gRPC server binds 0.0.0.0:port, so any
+    listener on the port, on any address, is in its way."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free for a server
         try:
-            s.bind(((host if host.startswith("127.") else "127.0.0.1") if host != "0.0.0.0" else "0.0.0.0", port))
+            s.bind(("", port))
         except OSError:
             return True
     return False
@@ -231,7 +233,7 @@ def tf_config_well_formed(cfg):
         host, _, port = address.rpartition(":")
         if not port.isdigit():
             raise ConfigError(f"TF_CONFIG address {address!r} of {kind}:{index} is not host:port.")
-        if _local_host(host) and port_in_use(host, int(port)):
+        if _local_host(host) and port_in_use(int(port)):
             raise ConfigError(
                 f"TF_CONFIG gives this task ({kind}:{index}) the address {address}, but port {port} is already in use "
                 "on this machine (another task or program holds it). Give every task a free port, or stop the "
@@ -260,8 +262,6 @@ def tracking_problem(uri: str, timeout: float = 3.0):
 
 @check
 def tracking_server_reachable(cfg):
-    from runner.redact import redact_uri
-
     uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not (cfg.mlflow.enabled and uri):
         return
