@@ -64,6 +64,12 @@ class Bench:
             ys.append(b())
         return xs, ys
 
+    def compare(self, a, b):
+        """Interleaved rounds of a and b: (median a, median b, median b / median a, best b / best a)."""
+        xs, ys = self.rounds_of(a, b)
+        mx, my = statistics.median(xs), statistics.median(ys)
+        return mx, my, my / mx, max(ys) / max(xs)
+
     def pair(self, a, b):
         """Interleaved A B A B ...: medians of each side."""
         xs, ys = self.rounds_of(a, b)
@@ -112,34 +118,30 @@ def main(argv=None):
               "|---|---|---|---|---|---|"]
     for strategy, cpus in strategies:
         for executor in ["fit", "custom_loop"]:
-            hand, run = b.rounds_of(lambda: b.handwritten(strategy, cpus, executor),
-                                    lambda: b.runner(strategy, cpus, executor)[0])
-            ratio, best = statistics.median(run) / statistics.median(hand), max(run) / max(hand)
-            figures[f"ratio/{strategy}/{executor}"] = ratio
-            figures[f"ratio_best/{strategy}/{executor}"] = best
-            lines.append(f"| {strategy} ({cpus} CPU) | {executor} | {statistics.median(hand):,.0f} | "
-                         f"{statistics.median(run):,.0f} | {ratio:.3f} | {best:.3f} |")
+            hand, run, ratio, best = b.compare(lambda: b.handwritten(strategy, cpus, executor),
+                                               lambda: b.runner(strategy, cpus, executor)[0])
+            figures[f"ratio/{strategy}/{executor}"], figures[f"ratio_best/{strategy}/{executor}"] = ratio, best
+            lines.append(f"| {strategy} ({cpus} CPU) | {executor} | {hand:,.0f} | {run:,.0f} | {ratio:.3f} | {best:.3f} |")
             say(lines[-1])
 
     lines += ["", "## MLflow logging on vs off (runner, default strategy, fit)", "",
               "| log_every_n_steps | off (median) | on (median) | on / off, medians | best / best |", "|---|---|---|---|---|"]
     for every in ([10] if args.quick else [10, 1]):
-        off, on = b.rounds_of(lambda: b.runner("default", 1, "fit", "mlflow.enabled=false", f"train.log_every_n_steps={every}")[0],
-                              lambda: b.runner("default", 1, "fit", f"train.log_every_n_steps={every}")[0])
-        ratio, best = statistics.median(on) / statistics.median(off), max(on) / max(off)
+        off, on, ratio, best = b.compare(
+            lambda: b.runner("default", 1, "fit", "mlflow.enabled=false", f"train.log_every_n_steps={every}")[0],
+            lambda: b.runner("default", 1, "fit", f"train.log_every_n_steps={every}")[0])
         figures[f"logging/every_{every}"], figures[f"logging_best/every_{every}"] = ratio, best
-        lines.append(f"| {every} | {statistics.median(off):,.0f} | {statistics.median(on):,.0f} | {ratio:.3f} | {best:.3f} |")
+        lines.append(f"| {every} | {off:,.0f} | {on:,.0f} | {ratio:.3f} | {best:.3f} |")
         say(lines[-1])
 
     lines += ["", "## Steps per tf.function call (runner, default strategy)", "",
               "| N | fit, steps_per_execution=N (median) | custom_loop, steps_per_loop=N (median) | custom / fit, medians | best / best |",
               "|---|---|---|---|---|"]
     for n in ([1, 10] if args.quick else [1, 10, 100]):
-        fit, loop = b.rounds_of(lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
-                                lambda: b.runner("default", 1, "custom_loop", f"train.steps_per_loop={n}")[0])
-        ratio, best = statistics.median(loop) / statistics.median(fit), max(loop) / max(fit)
+        fit, loop, ratio, best = b.compare(lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
+                                           lambda: b.runner("default", 1, "custom_loop", f"train.steps_per_loop={n}")[0])
         figures[f"steps_per_call/{n}/custom_over_fit"], figures[f"steps_per_call_best/{n}/custom_over_fit"] = ratio, best
-        lines.append(f"| {n} | {statistics.median(fit):,.0f} | {statistics.median(loop):,.0f} | {ratio:.3f} | {best:.3f} |")
+        lines.append(f"| {n} | {fit:,.0f} | {loop:,.0f} | {ratio:.3f} | {best:.3f} |")
         say(lines[-1])
 
     lines += ["", "## Input pipeline (runner, default strategy, custom_loop, steps_per_loop=10)", "",
