@@ -8,18 +8,23 @@ scheduled on the workers through a ClusterCoordinator (runner/executors/ps_loop.
 import sys
 import time
 
-from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line, replica_metrics
+from runner.executors.base import Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line, replica_metrics
 from runner.stopping import StopGuard
 
 
-def make_replica_step(job: Job, per_example_loss):
-    """One replica's training step; returns its share of the global loss and its shard's mean loss."""
+def shard_is_loss(job: Job) -> bool:
+    """One replica holding the whole batch, no regularization: its shard's mean loss is the loss itself, so the
+    step computes and carries nothing extra for loss/replica_0. (Under parameter_server, keep the general path.)"""
+    return job.replicas == 1 and not job.parameter_server and not job.model.losses
+
+
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
+    """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss."""
     import tensorflow as tf
 
     import tf_keras
 
     model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
-    one_replica = job.replicas == 1 and not job.parameter_server  # under PS each worker's batch is the global one too, but keep it simple
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def replica_step(inputs):
@@ -36,9 +41,9 @@ def make_replica_step(job: Job, per_example_loss):
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        # One replica holding the whole batch: its shard's mean loss is the loss itself (no extra ops per step).
-        shard = loss if one_replica and not model.losses else tf.reduce_mean(losses)
-        return loss, tf.reshape(shard, [1])
+        if not with_shard:
+            return loss
+        return loss, tf.reshape(tf.reduce_mean(losses), [1])
 
     return replica_step
 
@@ -123,7 +128,8 @@ def run_custom_loop(job: Job) -> Result:
     strategy, data = job.strategy, job.data
     with strategy.scope():
         per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
-    replica_step = make_replica_step(job, per_example_loss)
+    fast = shard_is_loss(job)
+    replica_step = make_replica_step(job, per_example_loss, with_shard=not fast)
     eval_update, eval_results = make_evaluator(job, per_example_loss)
     replicas = strategy.num_replicas_in_sync
 
@@ -136,13 +142,19 @@ def run_custom_loop(job: Job) -> Result:
 
     @tf.function
     def train_loop(iterator, num_steps):
+        """(mean loss, mean shard loss per replica) over num_steps steps."""
         total, shards = tf.constant(0.0), tf.zeros([replicas])
         for _ in tf.range(num_steps):
-            loss, shard = strategy.run(replica_step, args=(next(iterator),))
-            total += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-            shards += replica_vector(shard)
-        n = tf.cast(num_steps, tf.float32)
-        return total / n, shards / n
+            if fast:  # Python branch, decided when tracing: the loop carries only the loss
+                total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(next(iterator),)), axis=None)
+            else:
+                loss, shard = strategy.run(replica_step, args=(next(iterator),))
+                total += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+                shards += replica_vector(shard)
+        mean = total / tf.cast(num_steps, tf.float32)
+        return mean, (tf.reshape(mean, [1]) if fast else shards / tf.cast(num_steps, tf.float32))
+
+    run_loop = concrete_per_iterator(train_loop)
 
     @tf.function
     def eval_step(inputs):
@@ -170,7 +182,7 @@ def run_custom_loop(job: Job) -> Result:
                 log_now = done + n - logged_at >= every or done + n == spe
                 if n not in steps:
                     steps[n] = tf.constant(n)
-                loss, shards = train_loop(iterator, steps[n])  # tensor arguments only: the cheapest call
+                loss, shards = run_loop(iterator, steps[n])  # tensor arguments only: the cheapest call
                 done, step, counted = done + n, step + n, counted + n
                 loss = float(loss)
                 check_loss(job, loss, step)

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from runner.executors.base import Job, Result, Throughput, check_loss, log, replica_metrics
+from runner.executors.base import Job, Result, Throughput, check_loss, concrete_per_iterator, log, replica_metrics
 from runner.stopping import StopGuard
 
 
@@ -26,6 +26,15 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
         def call(self, inputs, training=None):
             return self.inner(inputs, training=training)
 
+        def make_train_function(self, force=False):
+            cached = self.train_function is not None and not force
+            fn = super().make_train_function(force)
+            # A tf.function of the iterator (not parameter_server's scheduling lambda, not run_eagerly): call it
+            # through its concrete function, as the custom loop does.
+            if not cached and fn is self.train_tf_function:
+                self.train_function = concrete_per_iterator(fn)
+            return self.train_function
+
         def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch):
             # Keras's hook for resuming inside an epoch (BackupAndRestore uses it): start at the checkpoint's step.
             return divmod(initial_step, steps_per_epoch) if initial_step else (initial_epoch, 0)
@@ -37,15 +46,19 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
                 loss = self.compute_loss(x, y, y_pred, sample_weight)
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
-            if sample_weight is None:
+            if sample_weight is not None:
+                shard = tf.reduce_mean(per_example_loss(y, y_pred))
+            elif replicas == 1 and not self.losses:
+                shard = loss  # one replica, no regularization: the step's loss is its shard's (no ops added)
+            else:
                 # compute_loss returns (this shard's mean loss + regularization) / replicas (tf_keras scales it for
                 # distribution): undo that instead of computing the loss a second time.
                 shard = loss * replicas - (tf.add_n(self.losses) if self.losses else 0.0)
-            else:
-                shard = tf.reduce_mean(per_example_loss(y, y_pred))
-            shard = tf.reshape(tf.cast(shard, tf.float32), [1])
-            # parameter_server has one replica per step: nothing to gather
-            logs["replica_losses"] = tf.distribute.get_replica_context().all_gather(shard, axis=0) if gather else shard
+            if shard.dtype != tf.float32:
+                shard = tf.cast(shard, tf.float32)
+            # parameter_server has one replica per step, and one replica has nothing to gather: a scalar is enough
+            logs["replica_losses"] = (tf.distribute.get_replica_context().all_gather(tf.reshape(shard, [1]), axis=0)
+                                      if gather and replicas > 1 else shard)
             return logs
 
     return ReplicaLossModel()
@@ -62,10 +75,15 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard)
         def __init__(self):
             super().__init__()
             self._supports_tf_logs = not job.parameter_server  # remote values there: let Keras fetch them
-            self.epoch, self.logged_at = 0, initial_step
+            self.epoch, self.logged_at, self.ended = 0, initial_step, None
 
         def on_train_begin(self, logs=None):
             meter.start()
+
+        def on_train_end(self, logs=None):
+            # Training ends here. Model.fit then drops its input iterator, and tf.data's autotuning can hold that
+            # teardown for up to ~1 s, at random: not training time, so time/train_sec stops here.
+            self.ended = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -146,11 +164,12 @@ def run_fit(job: Job) -> Result:
              job.train.epochs, data.steps_per_epoch, data.global_batch_size, job.replicas)
     started = time.perf_counter()
     with StopGuard(job) as guard:
+        callbacks = _callbacks(job, meter, initial_step, guard)
         history = model.fit(
             x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
-            verbose=verbose, callbacks=_callbacks(job, meter, initial_step, guard), shuffle=data.shuffle, **kwargs,
+            verbose=verbose, callbacks=callbacks, shuffle=data.shuffle, **kwargs,
         )
-    train_sec = time.perf_counter() - started
+    train_sec = (callbacks[0].ended or time.perf_counter()) - started
     steps = job.train.epochs * data.steps_per_epoch
     if job.parameter_server:
         eval_metrics = evaluate_on_coordinator(job)
