@@ -2,6 +2,7 @@
 
     python -m benchmarks.run            # full: several interleaved rounds (A B A B), medians; ~30 min on 2 cores
     python -m benchmarks.run --quick    # tiny sizes, one round: checks that everything runs
+    python -m benchmarks.run --sections hand --strategies mirrored,central_storage --rounds 11   # rerun some rows
 
 Writes a Markdown table (docs/benchmarks.md by default, machine description included) and logs the
 figures to MLflow (experiment "benchmarks"). Each measurement is a fresh process, as real runs are.
@@ -22,6 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STRATEGIES = [("default", 1), ("mirrored", 4), ("central_storage", 4)]
+SECTIONS = ["hand", "pinned", "logging", "steps", "pipeline", "startup"]
 
 
 class Bench:
@@ -103,31 +105,44 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--global-batch", type=int, default=256)
-    p.add_argument("--out", default=os.path.join(HERE, "..", "docs", "benchmarks.md"))
+    p.add_argument("--out", default=None, help="default: docs/benchmarks.md for a full run, ./benchmarks-partial.md otherwise")
     p.add_argument("--tracking-uri", default=None, help="where to log the figures (default: ./mlflow.db)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of {','.join(SECTIONS)}: rerun only these, e.g. with more --rounds")
+    p.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES), help="rows of the hand-written comparison")
     args = p.parse_args(argv)
+    sections = args.sections.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"--sections: unknown {unknown}; choose from {','.join(SECTIONS)}")
+    chosen = args.strategies.split(",")
+    if set(chosen) - {s for s, _ in STRATEGIES}:
+        p.error(f"--strategies: choose from {','.join(s for s, _ in STRATEGIES)}")
     if args.quick:
         args.rounds, args.steps = 1, 20
     workdir = tempfile.mkdtemp(prefix="runner-bench-")
     b = Bench(args.steps, args.global_batch, args.rounds, workdir)
-    strategies = STRATEGIES[:1] if args.quick else STRATEGIES
+    strategies = STRATEGIES[:1] if args.quick else [(s, n) for s, n in STRATEGIES if s in chosen]
+    full = sections == SECTIONS and len(chosen) == len(STRATEGIES)
+    args.out = args.out or (os.path.join(HERE, "..", "docs", "benchmarks.md") if full else "benchmarks-partial.md")
     figures, lines = {}, []
     say = lambda text: print(text, flush=True)  # noqa: E731
 
     say(f"benchmarks: {args.steps} steps x global batch {args.global_batch}, {args.rounds} round(s), interleaved")
-    lines += ["## Runner vs hand-written tf.distribute (examples/sec)", "",
-              "Medians of the interleaved rounds, and the best round of each side (see Noise below for why both).", "",
-              "| strategy | executor | hand-written (median) | runner (median) | runner / hand-written, medians | best / best |",
-              "|---|---|---|---|---|---|"]
-    for strategy, cpus in strategies:
-        for executor in ["fit", "custom_loop"]:
-            hand, run, ratio, best = b.compare(lambda: b.handwritten(strategy, cpus, executor),
-                                               lambda: b.runner(strategy, cpus, executor)[0])
-            figures[f"ratio/{strategy}/{executor}"], figures[f"ratio_best/{strategy}/{executor}"] = ratio, best
-            lines.append(f"| {strategy} ({cpus} CPU) | {executor} | {hand:,.0f} | {run:,.0f} | {ratio:.3f} | {best:.3f} |")
-            say(lines[-1])
+    if "hand" in sections:
+        lines += ["## Runner vs hand-written tf.distribute (examples/sec)", "",
+                  "Medians of the interleaved rounds, and the best round of each side (see Noise below for why both).", "",
+                  "| strategy | executor | hand-written (median) | runner (median) | runner / hand-written, medians | best / best |",
+                  "|---|---|---|---|---|---|"]
+        for strategy, cpus in strategies:
+            for executor in ["fit", "custom_loop"]:
+                hand, run, ratio, best = b.compare(lambda: b.handwritten(strategy, cpus, executor),
+                                                   lambda: b.runner(strategy, cpus, executor)[0])
+                figures[f"ratio/{strategy}/{executor}"], figures[f"ratio_best/{strategy}/{executor}"] = ratio, best
+                lines.append(f"| {strategy} ({cpus} CPU) | {executor} | {hand:,.0f} | {run:,.0f} | {ratio:.3f} | {best:.3f} |")
+                say(lines[-1])
 
-    if hasattr(os, "sched_setaffinity") and not args.quick:
+    if "pinned" in sections and hasattr(os, "sched_setaffinity") and not args.quick:
         lines += ["", "## The same, default strategy, pinned to one core", "",
                   "Every thread of both sides on CPU 0: slower, but the same conditions for each side, run after run.", "",
                   "| strategy | executor | hand-written (median) | runner (median) | runner / hand-written, medians | best / best |",
@@ -141,43 +156,47 @@ def main(argv=None):
             say(lines[-1])
         b.pinned = False
 
-    lines += ["", "## MLflow logging on vs off (runner, default strategy, fit)", "",
-              "| log_every_n_steps | off (median) | on (median) | on / off, medians | best / best |", "|---|---|---|---|---|"]
-    for every in ([10] if args.quick else [10, 1]):
-        off, on, ratio, best = b.compare(
-            lambda: b.runner("default", 1, "fit", "mlflow.enabled=false", f"train.log_every_n_steps={every}")[0],
-            lambda: b.runner("default", 1, "fit", f"train.log_every_n_steps={every}")[0])
-        figures[f"logging/every_{every}"], figures[f"logging_best/every_{every}"] = ratio, best
-        lines.append(f"| {every} | {off:,.0f} | {on:,.0f} | {ratio:.3f} | {best:.3f} |")
+    if "logging" in sections:
+        lines += ["", "## MLflow logging on vs off (runner, default strategy, fit)", "",
+                  "| log_every_n_steps | off (median) | on (median) | on / off, medians | best / best |", "|---|---|---|---|---|"]
+        for every in ([10] if args.quick else [10, 1]):
+            off, on, ratio, best = b.compare(
+                lambda: b.runner("default", 1, "fit", "mlflow.enabled=false", f"train.log_every_n_steps={every}")[0],
+                lambda: b.runner("default", 1, "fit", f"train.log_every_n_steps={every}")[0])
+            figures[f"logging/every_{every}"], figures[f"logging_best/every_{every}"] = ratio, best
+            lines.append(f"| {every} | {off:,.0f} | {on:,.0f} | {ratio:.3f} | {best:.3f} |")
+            say(lines[-1])
+
+    if "steps" in sections:
+        lines += ["", "## Steps per tf.function call (runner, default strategy)", "",
+                  "| N | fit, steps_per_execution=N (median) | custom_loop, steps_per_loop=N (median) | custom / fit, medians | best / best |",
+                  "|---|---|---|---|---|"]
+        for n in ([1, 10] if args.quick else [1, 10, 100]):
+            fit, loop, ratio, best = b.compare(lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
+                                               lambda: b.runner("default", 1, "custom_loop", f"train.steps_per_loop={n}")[0])
+            figures[f"steps_per_call/{n}/custom_over_fit"], figures[f"steps_per_call_best/{n}/custom_over_fit"] = ratio, best
+            lines.append(f"| {n} | {fit:,.0f} | {loop:,.0f} | {ratio:.3f} | {best:.3f} |")
+            say(lines[-1])
+
+    if "pipeline" in sections:
+        lines += ["", "## Input pipeline (runner, default strategy, custom_loop, steps_per_loop=10)", "",
+                  "| prefetch + cache off | on | on / off |", "|---|---|---|"]
+        off, on = b.pair(lambda: b.runner("default", 1, "custom_loop", "train.steps_per_loop=10", "data.prefetch=false", "data.cache=false")[0],
+                         lambda: b.runner("default", 1, "custom_loop", "train.steps_per_loop=10", "data.prefetch=true", "data.cache=true")[0])
+        figures["pipeline/on_over_off"] = on / off
+        lines.append(f"| {off:,.0f} | {on:,.0f} | {on / off:.3f} |")
         say(lines[-1])
 
-    lines += ["", "## Steps per tf.function call (runner, default strategy)", "",
-              "| N | fit, steps_per_execution=N (median) | custom_loop, steps_per_loop=N (median) | custom / fit, medians | best / best |",
-              "|---|---|---|---|---|"]
-    for n in ([1, 10] if args.quick else [1, 10, 100]):
-        fit, loop, ratio, best = b.compare(lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
-                                           lambda: b.runner("default", 1, "custom_loop", f"train.steps_per_loop={n}")[0])
-        figures[f"steps_per_call/{n}/custom_over_fit"], figures[f"steps_per_call_best/{n}/custom_over_fit"] = ratio, best
-        lines.append(f"| {n} | {fit:,.0f} | {loop:,.0f} | {ratio:.3f} | {best:.3f} |")
-        say(lines[-1])
-
-    lines += ["", "## Input pipeline (runner, default strategy, custom_loop, steps_per_loop=10)", "",
-              "| prefetch + cache off | on | on / off |", "|---|---|---|"]
-    off, on = b.pair(lambda: b.runner("default", 1, "custom_loop", "train.steps_per_loop=10", "data.prefetch=false", "data.cache=false")[0],
-                     lambda: b.runner("default", 1, "custom_loop", "train.steps_per_loop=10", "data.prefetch=true", "data.cache=true")[0])
-    figures["pipeline/on_over_off"] = on / off
-    lines.append(f"| {off:,.0f} | {on:,.0f} | {on / off:.3f} |")
-    say(lines[-1])
-
-    cfg_job = wall([sys.executable, "-m", "runner", "--cfg", "job"], max(3, args.rounds), workdir)
-    help_ = wall([sys.executable, "-m", "runner", "--help"], max(3, args.rounds), workdir)
-    firsts = [b.runner("default", 1, "fit")[1] for _ in range(args.rounds)]
-    first = statistics.median(firsts)
-    figures.update({"wall/cfg_job_sec": cfg_job, "wall/help_sec": help_, "wall/to_first_step_sec": first})
-    lines += ["", "## Start-up (median wall time)", "", "| command | seconds |", "|---|---|",
-              f"| `python -m runner --cfg job` | {cfg_job:.2f} |", f"| `python -m runner --help` | {help_:.2f} |",
-              f"| `python -m runner` (default experiment): process start to end of first training step | {first:.2f} |"]
-    say("\n".join(lines[-3:]))
+    if "startup" in sections:
+        cfg_job = wall([sys.executable, "-m", "runner", "--cfg", "job"], max(3, args.rounds), workdir)
+        help_ = wall([sys.executable, "-m", "runner", "--help"], max(3, args.rounds), workdir)
+        firsts = [b.runner("default", 1, "fit")[1] for _ in range(args.rounds)]
+        first = statistics.median(firsts)
+        figures.update({"wall/cfg_job_sec": cfg_job, "wall/help_sec": help_, "wall/to_first_step_sec": first})
+        lines += ["", "## Start-up (median wall time)", "", "| command | seconds |", "|---|---|",
+                  f"| `python -m runner --cfg job` | {cfg_job:.2f} |", f"| `python -m runner --help` | {help_:.2f} |",
+                  f"| `python -m runner` (default experiment): process start to end of first training step | {first:.2f} |"]
+        say("\n".join(lines[-3:]))
 
     header = ["# Benchmarks", "", f"Machine: {machine()}.", "",
               f"`python -m benchmarks.run{' --quick' if args.quick else ''}`: {args.steps} steps, global batch "
@@ -187,7 +206,7 @@ def main(argv=None):
               "iterator's teardown after that is not (see Noise below).", ""]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     notes_path = os.path.join(HERE, "NOTES.md")
-    notes = open(notes_path).read() if os.path.exists(notes_path) and not args.quick else ""
+    notes = open(notes_path).read() if os.path.exists(notes_path) and not args.quick and full else ""
     with open(args.out, "w") as f:
         f.write("\n".join(header + lines) + "\n\n" + notes)
     _log(figures, args)
@@ -200,8 +219,9 @@ def _log(figures, args):
     if args.tracking_uri:
         mlflow.set_tracking_uri(args.tracking_uri)
     mlflow.set_experiment("benchmarks")
-    with mlflow.start_run(run_name="quick" if args.quick else "full"):
-        mlflow.log_params({"steps": args.steps, "global_batch": args.global_batch, "rounds": args.rounds, "machine": machine()[:500]})
+    with mlflow.start_run(run_name="quick" if args.quick else "full" if args.sections == ",".join(SECTIONS) else "partial"):
+        mlflow.log_params({"steps": args.steps, "global_batch": args.global_batch, "rounds": args.rounds, "machine": machine()[:500],
+                           "sections": args.sections, "strategies": args.strategies})
         mlflow.log_metrics(figures)
         mlflow.log_artifact(args.out)
 
