@@ -128,6 +128,13 @@ def main(argv=None):
     figures, lines = {}, []
     say = lambda text: print(text, flush=True)  # noqa: E731
 
+    def add_row(label, first, second, key):
+        """A table row from interleaved rounds of first and second: medians, their ratio, best / best."""
+        x, y, ratio, best = b.compare(first, second)
+        figures[key], figures[key.replace("/", "_best/", 1)] = ratio, best
+        lines.append(f"| {label} | {x:,.0f} | {y:,.0f} | {ratio:.3f} | {best:.3f} |")
+        say(lines[-1])
+
     say(f"benchmarks: {args.steps} steps x global batch {args.global_batch}, {args.rounds} round(s), interleaved")
     if "hand" in sections:
         lines += ["## Runner vs hand-written tf.distribute (examples/sec)", "",
@@ -136,11 +143,8 @@ def main(argv=None):
                   "|---|---|---|---|---|---|"]
         for strategy, cpus in strategies:
             for executor in ["fit", "custom_loop"]:
-                hand, run, ratio, best = b.compare(lambda: b.handwritten(strategy, cpus, executor),
-                                                   lambda: b.runner(strategy, cpus, executor)[0])
-                figures[f"ratio/{strategy}/{executor}"], figures[f"ratio_best/{strategy}/{executor}"] = ratio, best
-                lines.append(f"| {strategy} ({cpus} CPU) | {executor} | {hand:,.0f} | {run:,.0f} | {ratio:.3f} | {best:.3f} |")
-                say(lines[-1])
+                add_row(f"{strategy} ({cpus} CPU) | {executor}", lambda: b.handwritten(strategy, cpus, executor),
+                        lambda: b.runner(strategy, cpus, executor)[0], f"ratio/{strategy}/{executor}")
 
     if "pinned" in sections and hasattr(os, "sched_setaffinity") and not args.quick:
         lines += ["", "## The same, default strategy, pinned to one core", "",
@@ -149,34 +153,25 @@ def main(argv=None):
                   "|---|---|---|---|---|---|"]
         b.pinned = True
         for executor in ["fit", "custom_loop"]:
-            hand, run, ratio, best = b.compare(lambda: b.handwritten("default", 1, executor),
-                                               lambda: b.runner("default", 1, executor)[0])
-            figures[f"ratio_pinned/default/{executor}"] = ratio
-            lines.append(f"| default (CPU 0 only) | {executor} | {hand:,.0f} | {run:,.0f} | {ratio:.3f} | {best:.3f} |")
-            say(lines[-1])
+            add_row(f"default (CPU 0 only) | {executor}", lambda: b.handwritten("default", 1, executor),
+                    lambda: b.runner("default", 1, executor)[0], f"ratio_pinned/default/{executor}")
         b.pinned = False
 
     if "logging" in sections:
         lines += ["", "## MLflow logging on vs off (runner, default strategy, fit)", "",
                   "| log_every_n_steps | off (median) | on (median) | on / off, medians | best / best |", "|---|---|---|---|---|"]
         for every in ([10] if args.quick else [10, 1]):
-            off, on, ratio, best = b.compare(
-                lambda: b.runner("default", 1, "fit", "mlflow.enabled=false", f"train.log_every_n_steps={every}")[0],
-                lambda: b.runner("default", 1, "fit", f"train.log_every_n_steps={every}")[0])
-            figures[f"logging/every_{every}"], figures[f"logging_best/every_{every}"] = ratio, best
-            lines.append(f"| {every} | {off:,.0f} | {on:,.0f} | {ratio:.3f} | {best:.3f} |")
-            say(lines[-1])
+            add_row(every, lambda: b.runner("default", 1, "fit", "mlflow.enabled=false", f"train.log_every_n_steps={every}")[0],
+                    lambda: b.runner("default", 1, "fit", f"train.log_every_n_steps={every}")[0], f"logging/every_{every}")
 
     if "steps" in sections:
         lines += ["", "## Steps per tf.function call (runner, default strategy)", "",
                   "| N | fit, steps_per_execution=N (median) | custom_loop, steps_per_loop=N (median) | custom / fit, medians | best / best |",
                   "|---|---|---|---|---|"]
         for n in ([1, 10] if args.quick else [1, 10, 100]):
-            fit, loop, ratio, best = b.compare(lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
-                                               lambda: b.runner("default", 1, "custom_loop", f"train.steps_per_loop={n}")[0])
-            figures[f"steps_per_call/{n}/custom_over_fit"], figures[f"steps_per_call_best/{n}/custom_over_fit"] = ratio, best
-            lines.append(f"| {n} | {fit:,.0f} | {loop:,.0f} | {ratio:.3f} | {best:.3f} |")
-            say(lines[-1])
+            add_row(n, lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
+                    lambda: b.runner("default", 1, "custom_loop", f"train.steps_per_loop={n}")[0],
+                    f"steps_per_call/{n}/custom_over_fit")
 
     if "pipeline" in sections:
         lines += ["", "## Input pipeline (runner, default strategy, custom_loop, steps_per_loop=10)", "",
