@@ -154,9 +154,6 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
         checkpoints = Checkpoints(directory, cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer)
     job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
               cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
-    # Everything imported and built so far (TensorFlow, Keras, MLflow, SQLAlchemy: ~10^6 objects) lives to the
-    # end: move it out of the garbage collector's reach, or every full collection during training scans it all.
-    gc.freeze()
     result = get_executor(cfg.executor.name)(job)
     if cfg.save_model and cluster.is_chief and cfg.output_dir:
         path = os.path.join(cfg.output_dir, "model.keras")
