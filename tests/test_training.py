@@ -67,9 +67,10 @@ def test_fit_and_custom_loop_reach_the_same_weights(matrix):
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_replica_losses_average_to_the_single_replica_loss(matrix, runner, executor):
+@pytest.mark.parametrize("strategy", ["mirrored4", "central_storage"])
+def test_replica_losses_average_to_the_single_replica_loss(matrix, runner, strategy, executor):
     """The 4 shards of a global batch, averaged, give the loss the default strategy computed on the whole batch."""
-    name = f"mirrored4-{executor}"
+    name = f"{strategy}-{executor}"
     shards = np.array([history(runner, name, f"loss/replica_{i}") for i in range(4)])
     whole = np.array(history(runner, f"default-{executor}", "loss/replica_0"))
     assert not np.allclose(shards[0], shards[1])  # the shards really differ

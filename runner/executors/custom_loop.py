@@ -9,6 +9,7 @@ import sys
 import time
 
 from runner.executors.base import Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line, replica_metrics
+from runner.executors.replica_losses import ShardLosses
 from runner.stopping import StopGuard
 
 
@@ -18,10 +19,10 @@ def shard_is_loss(job: Job) -> bool:
     return job.replicas == 1 and not job.parameter_server and not job.model.losses
 
 
-def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, shard_var=None):
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, shard_losses=None):
     """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss.
 
-    With shard_var (a sync-on-read variable), each replica writes its shard's mean loss to its own copy instead.
+    With shard_losses (a ShardLosses), each replica writes its shard's mean loss to its own copy instead.
     """
     import tensorflow as tf
 
@@ -44,8 +45,8 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, shard
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        if shard_var is not None:
-            shard_var.assign(tf.reduce_mean(losses))  # this replica's own copy: no cross-device op
+        if shard_losses is not None:
+            shard_losses.write(tf.reduce_mean(losses))  # this replica's own copy: no cross-device op
         if not with_shard:
             return loss
         return loss, tf.reshape(tf.reduce_mean(losses), [1])
@@ -135,17 +136,13 @@ def run_custom_loop(job: Job) -> Result:
         per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
     # loss/replica_<i>, the cheapest way for each layout, all decided when tracing:
     # - one replica: the loss itself;
-    # - one worker, several replicas: each keeps its last step's shard loss in its own copy of a sync-on-read
-    #   variable, read only when metrics are logged (concatenating them in every step cost ~8% under central_storage);
+    # - one worker, several replicas: each keeps its last step's shard loss on its own device (ShardLosses),
+    #   read only when metrics are logged;
     # - several workers: gathered across workers in every step, averaged over the call's steps.
     fast = shard_is_loss(job)
     local = not fast and not job.multi_worker
-    shard_var = None
-    if local:
-        with strategy.scope():
-            shard_var = tf.Variable(0.0, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                                    aggregation=tf.VariableAggregation.MEAN, name="shard_loss")
-    replica_step = make_replica_step(job, per_example_loss, with_shard=not (fast or local), shard_var=shard_var)
+    shard_losses = ShardLosses(strategy) if local else None
+    replica_step = make_replica_step(job, per_example_loss, with_shard=not (fast or local), shard_losses=shard_losses)
     eval_update, eval_results = make_evaluator(job, per_example_loss)
     replicas = strategy.num_replicas_in_sync
 
@@ -166,9 +163,7 @@ def run_custom_loop(job: Job) -> Result:
         return mean, (tf.reshape(mean, [1]) if fast else shards / tf.cast(num_steps, tf.float32))
 
     def replica_losses(shards):
-        if local:
-            return [float(v.numpy()) for v in strategy.experimental_local_results(shard_var)]
-        return shards.numpy()
+        return shard_losses.read() if local else shards.numpy()
 
     run_loop = concrete_per_iterator(train_loop)
 

@@ -1,0 +1,50 @@
+"""loss/replica_<i> on one worker with several replicas: each replica keeps its last shard loss on its own device.
+
+The step writes one scalar per replica, locally, with no cross-device op; the host reads the copies only when
+metrics are logged. (Gathering the shard losses in every step cost a quarter of MirroredStrategy's step on
+4 CPUs, and ~8% of CentralStorageStrategy's.)
+"""
+
+from typing import List
+
+
+class ShardLosses:
+    """Make it outside strategy.scope(); write(value) in replica context, read() on the host."""
+
+    def __init__(self, strategy):
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            raise RuntimeError("ShardLosses must be made outside strategy.scope()")
+        self.strategy = strategy
+        with strategy.scope():
+            synced = tf.Variable(0.0, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                                 aggregation=tf.VariableAggregation.MEAN, name="shard_loss")
+        if len(strategy.experimental_local_results(synced)) == strategy.num_replicas_in_sync:
+            # Mirrored, multi-worker mirrored and TPU strategies: one copy per replica, written locally.
+            self.synced, self.copies = synced, None
+        else:
+            # CentralStorageStrategy makes an ON_READ variable one variable on the parameter device: each write
+            # would average all replicas (a merge in every step) and keep only that mean. One plain variable per
+            # compute device instead (made outside the scope, so the strategy does not take it over).
+            self.synced = None
+            self.copies = []
+            for i, device in enumerate(strategy.extended.worker_devices):
+                with tf.device(device):
+                    self.copies.append(tf.Variable(0.0, trainable=False, name=f"shard_loss_{i}"))
+
+    def write(self, value) -> None:
+        """In replica context: this replica's shard loss (a float32 scalar)."""
+        if self.synced is not None:
+            self.synced.assign(value)
+            return
+        import tensorflow as tf
+
+        # a constant in each replica's trace (mirrored_run traces the step once per device)
+        replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        self.copies[int(replica)].assign(value)
+
+    def read(self) -> List[float]:
+        """Every replica's last written shard loss, in replica order."""
+        held = self.copies if self.synced is None else self.strategy.experimental_local_results(self.synced)
+        return [float(v.numpy()) for v in held]
