@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import FAST, ROOT, mlflow_run_by_name, run_runner
@@ -62,6 +63,12 @@ def test_guide_example_runs_uneven_batches_on_four_replicas(results, runner):
         assert run.data.tags["num_replicas_in_sync"] == "4"
         assert "loss/replica_3" in run.data.metrics
         assert "global_batch_size=10 does not split evenly over 4 replicas: they get 3/3/2/2 examples" in results[name].output
+        # Every example is the same (ones), so each shard's mean loss is the batch's loss, whatever its size:
+        # a shard loss derived from the replica's share of the global loss (x replicas) would be off by 3/2.5 or 2/2.5.
+        client = mlflow_run_by_name(runner.uri, EXPERIMENT, name)[0]
+        shards = np.array([[m.value for m in sorted(client.get_metric_history(run.info.run_id, f"loss/replica_{i}"),
+                                                    key=lambda m: m.step)] for i in range(4)])
+        np.testing.assert_allclose(shards, np.broadcast_to(shards[0], shards.shape), rtol=1e-5)
 
 
 def test_digits_cnn_learns(results, runner):
