@@ -21,3 +21,12 @@ def test_benchmark_quick_run_writes_its_table(tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("benchmarks").experiment_id])
     assert run.data.metrics["ratio/default/fit"] > 0 and run.data.metrics["wall/cfg_job_sec"] > 0
+
+
+def test_paired_loops_benchmark_prints_a_row_per_loop():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.paired", "--logical-cpus=2", "--global-batch=8",
+                           "--rounds=1", "--calls=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| loop")]
+    assert [row.split(" | ")[0] for row in rows] == ["| guide", "| stacked", "| written"]
+    assert float(rows[0].split(" | ")[2].rstrip(" |")) == 1.0  # the guide's loop against itself
