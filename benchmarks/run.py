@@ -138,7 +138,7 @@ def main(argv=None):
     say(f"benchmarks: {args.steps} steps x global batch {args.global_batch}, {args.rounds} round(s), interleaved")
     if "hand" in sections:
         lines += ["## Runner vs hand-written tf.distribute (examples/sec)", "",
-                  "Medians of the interleaved rounds, and the best round of each side (see Noise below for why both).", "",
+                  "Medians of the interleaved rounds, and the best round of each side (see the notes below for why both).", "",
                   "| strategy | executor | hand-written (median) | runner (median) | runner / hand-written, medians | best / best |",
                   "|---|---|---|---|---|---|"]
         for strategy, cpus in strategies:
@@ -198,7 +198,7 @@ def main(argv=None):
               f"{args.global_batch}, MLP 20-64-64-4 on synthetic data, {args.rounds} interleaved round(s), medians and best rounds. "
               "Throughput = examples / training time, measured the same way on both sides: from the training call to "
               "the end of its last step (Model.fit: its on_train_end), first step and tracing included; the input "
-              "iterator's teardown after that is not (see Noise below).", ""]
+              "iterator's teardown after that is not (see the notes below).", ""]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     notes_path = os.path.join(HERE, "NOTES.md")
     notes = open(notes_path).read() if os.path.exists(notes_path) and not args.quick and full else ""
