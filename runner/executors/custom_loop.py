@@ -132,9 +132,9 @@ def run_custom_loop(job: Job) -> Result:
     # - one replica, no regularization: the loss itself;
     # - one worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
     #   up. Their sum is the step's loss and, with even shards and no regularization, each times the replicas is
-    #   its shard's mean loss: no op on the replicas beyond the guide's step. (A sync-on-read write, or a gather,
-    #   in each replica's step cost 2-8% of a 1.5 ms step on 4 logical CPUs.) Otherwise each replica also
-    #   returns its shard's mean loss, stacked the same way;
+    #   its shard's mean loss: no op on the replicas beyond the guide's step. (A sync-on-read write in each
+    #   replica's step cost 1-4% of a 1.5 ms central_storage step, a gather ~8%: benchmarks/paired.py.)
+    #   Otherwise each replica also returns its shard's mean loss, stacked the same way;
     # - several workers: gathered across workers in every step (the chief needs the other workers' losses).
     # Shard losses are averaged over the call's steps, as the loss is.
     replicas = strategy.num_replicas_in_sync
