@@ -24,7 +24,7 @@ def save(directory: str, run_id: str, metrics: List, tags: List, status: Optiona
     os.makedirs(directory, exist_ok=True)
     record = {
         "run_id": run_id,
-        "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
+        "metrics": [list(m) for m in metrics],  # (key, value, timestamp, step) tuples
         "tags": [[t.key, t.value] for t in tags],
         "status": status,
     }

@@ -73,11 +73,12 @@ class RunLog:
         self._thread.start()
 
     def log_metrics(self, values: Dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
+        # Plain (key, value, timestamp, step) tuples: the sender thread makes MLflow's Metric objects, off the
+        # training thread (making them here cost ~9 us per logged step, 2% of a 0.5 ms step at log_every_n_steps=1).
         now = int(time.time() * 1000)
+        step = int(step)
         with self._lock:
-            self._metrics.extend(Metric(k, float(v), now, int(step)) for k, v in values.items())
+            self._metrics.extend((k, float(v), now, step) for k, v in values.items())
         if time.monotonic() - self._last_flush > self.flush_every:
             self._wake.set()
 
@@ -105,6 +106,8 @@ class RunLog:
         Writing costs ~60 us per value in the SQLite store (more over HTTP) and competes with training for
         the CPU, so the sender wakes at most every mlflow.flush_every_sec during training.
         """
+        from mlflow.entities import Metric
+
         with self._sending:
             self._last_flush = time.monotonic()
             while True:
@@ -113,7 +116,7 @@ class RunLog:
                 if not tags and not metrics:
                     break
                 try:
-                    self._client.log_batch(self.run_id, metrics=metrics, tags=tags)
+                    self._client.log_batch(self.run_id, metrics=[Metric(*m) for m in metrics], tags=tags)
                 except Exception as err:  # connection refused, timeouts, 5xx after MLflow's own retries
                     self._note_outage(err)
                     return False
