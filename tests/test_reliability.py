@@ -65,11 +65,12 @@ def _interrupt(runner, name, args, signum):
     live = LiveRun([*args, f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"], runner.root,
                    runner.root / "runs" / name, runner.uri)
     line = live.wait_for(lambda l: re.search(r"epoch ([4-9]|\d\d+)/400 step \d+/64", l) or re.search(r"^Epoch ([4-9]|\d\d+)/400", l), 120)
-    seen = max([int(m.group(1)) for m in re.finditer(r"step (\d+)/64", "".join(live.lines))] + [0])
     epoch = int(re.search(r"[Ee]poch (\d+)/400", line).group(1))
+    # the step of the line that was seen (not the largest step number of any epoch's lines so far)
+    seen = re.search(r"step (\d+)/64", line)
     live.proc.send_signal(signum)
     code, output = live.finish(timeout=90)
-    return code, output, (epoch - 1) * 64 + seen if "step" in line else (epoch - 1) * 64
+    return code, output, (epoch - 1) * 64 + (int(seen.group(1)) if seen else 0)
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
