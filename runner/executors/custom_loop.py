@@ -133,7 +133,7 @@ def run_custom_loop(job: Job) -> Result:
     # - one worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
     #   up. Their sum is the step's loss and, with even shards and no regularization, each times the replicas is
     #   its shard's mean loss: no op on the replicas beyond the guide's step. (A sync-on-read write in each
-    #   replica's step cost 1-4% of a 1.5 ms central_storage step, a gather ~8%: benchmarks/paired.py.)
+    #   replica's step cost 1-4% of a 1.5 ms central_storage step in benchmarks/paired.py; a gather ~8%.)
     #   Otherwise each replica also returns its shard's mean loss, stacked the same way;
     # - several workers: gathered across workers in every step (the chief needs the other workers' losses).
     # Shard losses are averaged over the call's steps, as the loss is.
