@@ -30,8 +30,10 @@ def test_concrete_per_iterator_gives_tf_function_results_follows_new_iterators_a
     assert take.experimental_get_tracing_count() == 2
     assert int(call(first, tf.constant(1))) == 6  # the first iterator carries on where it stopped
 
-    # Only a weak reference is kept: the input pipeline goes when its owner drops it.
-    gone = weakref.ref(first)
+    # Only a weak reference is kept, and the iterator's resource handle goes with it: the input pipeline is
+    # freed when its owner drops it.
+    gone, handle = weakref.ref(first), weakref.ref(first._iterator_resource)
     del first
     gc.collect()
     assert gone() is None
+    assert handle() is None

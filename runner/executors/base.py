@@ -63,23 +63,40 @@ class Result:
 
 
 def concrete_per_iterator(fn):
-    """Call the tf.function `fn(iterator, *tensors)` through the concrete function traced for that iterator.
+    """Call the tf.function `fn(iterator, *tensors)` through the graph traced for that iterator, with flat inputs.
 
-    Same graph, same results; what it skips is tf.function's per-call signature matching, which costs more than
-    a small step computes (100-200 us of a 600 us step here, measured in benchmarks/). The iterator is held
-    weakly, so the input pipeline is not kept alive after training.
+    Same graph, same results. What it skips is the Python that every call of a tf.function, or of its concrete
+    function, spends matching the arguments to the signature and flattening the iterator into its resource
+    handles: 100-200 us of a 0.5 ms step on one device, and 300-500 us per call for a 4-replica distributed
+    iterator (benchmarks/call_overhead.py). The iterator's handles are the same for its whole life, so they
+    are flattened once, and each call passes them with the tensors to the concrete function, as tf.function
+    itself does after matching. The iterator is held weakly and its handles are dropped with it, so the input
+    pipeline is not kept alive after training.
     """
-    bound = {"iterator": None, "concrete": None}
+    bound = {}
+
+    def bind(iterator, args):
+        bound.clear()
+        try:
+            ref = weakref.ref(iterator, lambda _: bound.clear())
+        except TypeError:  # not weak-referenceable: keep tf.function's own dispatch
+            return None
+        concrete = fn.get_concrete_function(iterator, *args)
+        flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(iterator, *args))
+        handles = flat[:len(flat) - len(args)]
+        call_flat = getattr(concrete, "_call_flat", None)
+        if call_flat is None or any(a is not b for a, b in zip(flat[len(handles):], args)):
+            caller = concrete  # another TensorFlow, or arguments that are not plain tensors: the public call
+        else:
+            def caller(iterator, *tensors):
+                return call_flat(handles + list(tensors), captured_inputs=concrete.captured_inputs)
+        bound.update(ref=ref, caller=caller)
+        return caller
 
     def call(iterator, *args):
-        ref = bound["iterator"]
-        if ref is None or ref() is not iterator:
-            try:
-                bound["iterator"] = weakref.ref(iterator)
-            except TypeError:  # not weak-referenceable: keep tf.function's own dispatch
-                return fn(iterator, *args)
-            bound["concrete"] = fn.get_concrete_function(iterator, *args)
-        return bound["concrete"](iterator, *args)
+        ref = bound.get("ref")
+        caller = bound["caller"] if ref is not None and ref() is iterator else bind(iterator, args)
+        return fn(iterator, *args) if caller is None else caller(iterator, *args)
 
     return call
 
