@@ -32,6 +32,9 @@ CASES = {
     "mixed-fit": [*FAST, "train.mixed_precision=true", "executor=fit"],
     "mixed-custom_loop": [*FAST, "train.mixed_precision=true", "executor=custom_loop"],
     "user-model": [*MIRRORED2, *FAST, "model=tiny", f"hydra.searchpath=[file://{USER / 'conf'}]"],
+    # a user layer with Python `if` on a tensor: the runner's steps must leave AutoGraph on for user code
+    **{f"user-branchy-{executor}": [*MIRRORED2, *FAST, "model=branchy", f"executor={executor}",
+                                    f"hydra.searchpath=[file://{USER / 'conf'}]"] for executor in ("fit", "custom_loop")},
 }
 
 

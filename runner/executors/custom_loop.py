@@ -18,6 +18,48 @@ def shard_is_loss(job: Job) -> bool:
     return job.replicas == 1 and not job.parameter_server and not job.model.losses
 
 
+def shard_accumulator(job: Job):
+    """(add, scale): add(step output, total, shards) -> (total, shards) sums the step's loss and each replica's
+    shard loss, the cheapest way for the layout, and shards * scale is their sum of shard losses (scale None:
+    the replicas return their shard's mean loss, make_replica_step(with_shard=True)).
+
+    - One replica, no regularization: the loss is the shard's loss.
+    - One worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
+      up. Their sum is the step's loss and, with even shards and no regularization, each times the replicas is
+      its shard's mean loss: no op on the replicas beyond the guide's step. (A sync-on-read write in each
+      replica's step cost 1-4% of a 1.5 ms central_storage step in benchmarks/paired.py; a gather ~8%.)
+      Otherwise each replica also returns its shard's mean loss, stacked the same way.
+    - Several workers: gathered across workers in every step (the chief needs the other workers' losses).
+
+    Chosen here, outside the tf.function, and not converted by AutoGraph (plain TensorFlow ops, no tensor-
+    dependent Python): converting these branches inside the loop cost ~50 ms of tracing per run.
+    """
+    import tensorflow as tf
+
+    strategy = job.strategy
+    replicas, local = strategy.num_replicas_in_sync, strategy.experimental_local_results
+    total_of = lambda loss: strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)  # noqa: E731
+    if shard_is_loss(job):
+        def add(loss, total, shards):
+            loss = total_of(loss)
+            return total + loss, shards + loss
+        scale = 1.0
+    elif not job.multi_worker and not job.model.losses and job.data.global_batch_size % replicas == 0:
+        def add(share, total, shards):
+            parts = tf.stack(local(share))
+            return total + tf.reduce_sum(parts), shards + parts
+        scale = float(replicas)
+    elif job.multi_worker:
+        def add(out, total, shards):
+            return total + total_of(out[0]), shards + strategy.gather(out[1], axis=0)
+        scale = None
+    else:
+        def add(out, total, shards):
+            return total + tf.reduce_sum(tf.stack(local(out[0]))), shards + tf.concat(local(out[1]), axis=0)
+        scale = None
+    return tf.autograph.experimental.do_not_convert(add), scale
+
+
 def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
     """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss."""
     import tensorflow as tf
@@ -27,23 +69,33 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
     model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
-    def replica_step(inputs):
-        x, y = inputs[0], inputs[1]
-        with tf.GradientTape() as tape:
-            losses = per_example_loss(y, model(x, training=True))
-            # Gradients are summed across replicas: divide by the global batch, not the replica's.
-            loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            # mixed precision: scale the loss up (on the tape) so float16 gradients do not underflow
-            target = optimizer.get_scaled_loss(loss) if scaled else loss
+    # The layout and precision choices live in these helpers, which AutoGraph leaves alone (plain TensorFlow,
+    # no tensor-dependent Python): converting their branches inside the step cost ~30 ms of tracing per run.
+    # The step itself stays converted, so a user's model with tensor-dependent Python still gets AutoGraph.
+    @tf.autograph.experimental.do_not_convert
+    def step_loss(losses):
+        """(loss, what to differentiate)."""
+        # Gradients are summed across replicas: divide by the global batch, not the replica's.
+        loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        # mixed precision: scale the loss up (on the tape) so float16 gradients do not underflow
+        return loss, optimizer.get_scaled_loss(loss) if scaled else loss
+
+    @tf.autograph.experimental.do_not_convert
+    def apply(tape, target, loss, losses):
         grads = tape.gradient(target, model.trainable_variables)
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        if not with_shard:
-            return loss
-        return loss, tf.reshape(tf.reduce_mean(losses), [1])
+        return (loss, tf.reshape(tf.reduce_mean(losses), [1])) if with_shard else loss
+
+    def replica_step(inputs):
+        x, y = inputs[0], inputs[1]
+        with tf.GradientTape() as tape:
+            losses = per_example_loss(y, model(x, training=True))
+            loss, target = step_loss(losses)
+        return apply(tape, target, loss, losses)
 
     return replica_step
 
@@ -128,48 +180,20 @@ def run_custom_loop(job: Job) -> Result:
     strategy, data = job.strategy, job.data
     with strategy.scope():
         per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
-    # loss/replica_<i>, the cheapest way for each layout, all decided when tracing:
-    # - one replica, no regularization: the loss itself;
-    # - one worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
-    #   up. Their sum is the step's loss and, with even shards and no regularization, each times the replicas is
-    #   its shard's mean loss: no op on the replicas beyond the guide's step. (A sync-on-read write in each
-    #   replica's step cost 1-4% of a 1.5 ms central_storage step in benchmarks/paired.py; a gather ~8%.)
-    #   Otherwise each replica also returns its shard's mean loss, stacked the same way;
-    # - several workers: gathered across workers in every step (the chief needs the other workers' losses).
-    # Shard losses are averaged over the call's steps, as the loss is.
     replicas = strategy.num_replicas_in_sync
-    fast = shard_is_loss(job)
-    gathered = job.multi_worker
-    from_share = not gathered and not job.model.losses and data.global_batch_size % replicas == 0
-    replica_step = make_replica_step(job, per_example_loss, with_shard=not (fast or from_share))
+    add, scale = shard_accumulator(job)
+    replica_step = make_replica_step(job, per_example_loss, with_shard=scale is None)
+    scale = scale or 1.0
     eval_update, eval_results = make_evaluator(job, per_example_loss)
-    local_results = strategy.experimental_local_results
 
     @tf.function
     def train_loop(iterator, num_steps):
         """(mean loss, mean shard loss per replica) over num_steps steps."""
         total, shards = tf.constant(0.0), tf.zeros([replicas])
         for _ in tf.range(num_steps):
-            out = strategy.run(replica_step, args=(next(iterator),))
-            if fast:
-                total += strategy.reduce(tf.distribute.ReduceOp.SUM, out, axis=None)
-            elif from_share:
-                parts = tf.stack(local_results(out))
-                total += tf.reduce_sum(parts)
-                shards += parts
-            elif gathered:
-                loss, shard = out
-                total += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-                shards += strategy.gather(shard, axis=0)
-            else:
-                loss, shard = out
-                total += tf.reduce_sum(tf.stack(local_results(loss)))
-                shards += tf.concat(local_results(shard), axis=0)
+            total, shards = add(strategy.run(replica_step, args=(next(iterator),)), total, shards)
         count = tf.cast(num_steps, tf.float32)
-        mean = total / count
-        if fast:
-            return mean, tf.reshape(mean, [1])
-        return mean, shards * (float(replicas) if from_share else 1.0) / count
+        return total / count, shards * scale / count
 
     run_loop = concrete_per_iterator(train_loop)
 

@@ -7,3 +7,20 @@ def tiny(input_shape, num_outputs, width=8):
     inputs = tf_keras.Input(shape=input_shape)
     hidden = tf_keras.layers.Dense(width, activation="tanh", name="user_hidden")(inputs)
     return tf_keras.Model(inputs, tf_keras.layers.Dense(num_outputs)(hidden))
+
+
+class SignFlip(tf_keras.layers.Layer):
+    """Python control flow on a tensor: runs inside tf.function only if AutoGraph converts the layer's call."""
+
+    def call(self, x):
+        import tensorflow as tf
+
+        if tf.reduce_sum(x) < 0.0:
+            return -x
+        return x
+
+
+def branchy(input_shape, num_outputs, width=8):
+    inputs = tf_keras.Input(shape=input_shape)
+    hidden = SignFlip()(tf_keras.layers.Dense(width, activation="tanh")(inputs))
+    return tf_keras.Model(inputs, tf_keras.layers.Dense(num_outputs)(hidden))
