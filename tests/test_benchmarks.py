@@ -30,3 +30,12 @@ def test_paired_loops_benchmark_prints_a_row_per_loop():
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| loop")]
     assert [row.split(" | ")[0] for row in rows] == ["| guide", "| stacked", "| written"]
     assert float(rows[0].split(" | ")[2].rstrip(" |")) == 1.0  # the guide's loop against itself
+
+
+def test_call_overhead_benchmark_prints_a_row_per_way_of_calling():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.call_overhead", "--strategy=mirrored", "--logical-cpus=2",
+                           "--rounds=1", "--calls=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| call")]
+    assert [row.split(" | ")[0] for row in rows] == ["| tf.function", "| concrete function", "| runner (concrete_per_iterator)"]
+    assert float(rows[0].split(" | ")[2].rstrip(" |")) == 1.0  # tf.function against itself
