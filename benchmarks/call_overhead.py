@@ -10,8 +10,6 @@ chunks in one process: the tf.function, its concrete function, and the runner's 
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -29,16 +27,13 @@ def main(argv=None):
     import numpy as np
     import tensorflow as tf
 
-    from benchmarks.handwritten import setup_devices
+    from benchmarks.handwritten import make_strategy, setup_devices
+    from benchmarks.interleaved import print_table, time_in_chunks
     from runner.executors.base import concrete_per_iterator
 
     cpus = args.logical_cpus if args.strategy != "default" else 1
     setup_devices(cpus)
-    devices = [f"/device:CPU:{i}" for i in range(cpus)]
-    strategy = {"default": tf.distribute.get_strategy,
-                "mirrored": lambda: tf.distribute.MirroredStrategy(devices),
-                "central_storage": lambda: tf.distribute.experimental.CentralStorageStrategy(
-                    compute_devices=devices, parameter_device="/cpu:0")}[args.strategy]()
+    strategy = make_strategy(args.strategy, cpus)
     x = np.random.default_rng(0).standard_normal((4096, 20)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(256, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -57,26 +52,9 @@ def main(argv=None):
     runner_call = concrete_per_iterator(loop)
     ways = {"tf.function": lambda: loop(iterator, one), "concrete function": lambda: concrete(iterator, one),
             "runner (concrete_per_iterator)": lambda: runner_call(iterator, one)}
-    for way in ways.values():  # warm-up: pipelines filled
-        for _ in range(100):
-            way()
-    times = {name: [] for name in ways}
-    names = list(ways)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            chunk = []
-            for _ in range(args.calls):
-                started = time.perf_counter()
-                ways[name]()
-                chunk.append(time.perf_counter() - started)
-            times[name].append(1e6 * statistics.median(chunk))
+    times = time_in_chunks(ways, args.rounds, args.calls, warmup=100)
     print(f"{args.strategy}, {strategy.num_replicas_in_sync} replica(s): {args.rounds} rounds of {args.calls} calls, one near-empty step each")
-    print("| call | median us per call | paired ratio to tf.function, median |")
-    print("|---|---|---|")
-    for name in names:
-        ratio = statistics.median(a / b for a, b in zip(times[name], times["tf.function"]))
-        print(f"| {name} | {statistics.median(times[name]):.0f} | {ratio:.3f} |")
-
+    print_table("call", times, "tf.function", "tf.function")
 
 if __name__ == "__main__":
     main()

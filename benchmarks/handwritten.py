@@ -27,19 +27,25 @@ def setup_devices(logical_cpus: int):
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpus)
 
 
+def make_strategy(name: str, logical_cpus: int):
+    """The guide's strategy objects over the logical CPUs: default, mirrored or central_storage."""
+    import tensorflow as tf
+
+    cpus = [f"/device:CPU:{i}" for i in range(logical_cpus)]
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(cpus)
+    if name == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy(compute_devices=cpus, parameter_device="/cpu:0")
+    return tf.distribute.get_strategy()
+
+
 def train(strategy_name="default", executor="fit", logical_cpus=1, global_batch=256, steps=1000, steps_per_call=1,
           examples=4096) -> dict:
     """One training run written the way the guide teaches; {"examples_per_sec": ..., "train_sec": ...}."""
     import numpy as np
     import tensorflow as tf
 
-    cpus = [f"/device:CPU:{i}" for i in range(logical_cpus)]
-    if strategy_name == "mirrored":
-        strategy = tf.distribute.MirroredStrategy(cpus)
-    elif strategy_name == "central_storage":
-        strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=cpus, parameter_device="/cpu:0")
-    else:
-        strategy = tf.distribute.get_strategy()
+    strategy = make_strategy(strategy_name, logical_cpus)
     import tf_keras as keras
 
     rng = np.random.default_rng(0)

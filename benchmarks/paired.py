@@ -10,8 +10,6 @@ round. Prints the median time per call and the median of those paired ratios.
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -31,14 +29,13 @@ def main(argv=None):
     import tensorflow as tf
     import tf_keras as keras
 
-    from benchmarks.handwritten import setup_devices
+    from benchmarks.handwritten import make_strategy, setup_devices
+    from benchmarks.interleaved import print_table, time_in_chunks
     from runner.executors.base import concrete_per_iterator
     from runner.executors.replica_losses import ShardLosses
 
     setup_devices(args.logical_cpus)
-    cpus = [f"/device:CPU:{i}" for i in range(args.logical_cpus)]
-    strategy = (tf.distribute.MirroredStrategy(cpus) if args.strategy == "mirrored" else
-                tf.distribute.experimental.CentralStorageStrategy(compute_devices=cpus, parameter_device="/cpu:0"))
+    strategy = make_strategy(args.strategy, args.logical_cpus)
     replicas, gbs = strategy.num_replicas_in_sync, args.global_batch
     shard_losses = ShardLosses(strategy)  # fit's way: each replica writes its own copy
     rng = np.random.default_rng(0)
@@ -92,26 +89,9 @@ def main(argv=None):
         iterator = iter(strategy.experimental_distribute_dataset(dataset))
         # the runner's way of calling a loop, for every loop: what differs is the graph
         calls[name] = lambda c=concrete_per_iterator(fn), it=iterator: float(tf.nest.flatten(c(it, one))[0])
-    names = list(calls)
-    times = {name: [] for name in names}
-    for name in names:  # warm-up: tracing, pipelines filled
-        for _ in range(50):
-            calls[name]()
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            chunk = []
-            for _ in range(args.calls):
-                started = time.perf_counter()
-                calls[name]()
-                chunk.append(time.perf_counter() - started)
-            times[name].append(1e6 * statistics.median(chunk))
+    times = time_in_chunks(calls, args.rounds, args.calls, warmup=50)
     print(f"{args.strategy}, {replicas} replicas, global batch {gbs}: {args.rounds} rounds of {args.calls} calls per loop")
-    print("| loop | median us per call | paired ratio to the guide's, median |")
-    print("|---|---|---|")
-    for name in names:
-        ratio = statistics.median(a / b for a, b in zip(times[name], times["guide"]))
-        print(f"| {name} | {statistics.median(times[name]):.0f} | {ratio:.3f} |")
-
+    print_table("loop", times, "guide", "the guide's")
 
 if __name__ == "__main__":
     main()

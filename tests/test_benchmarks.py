@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -23,19 +25,20 @@ def test_benchmark_quick_run_writes_its_table(tmp_path):
     assert run.data.metrics["ratio/default/fit"] > 0 and run.data.metrics["wall/cfg_job_sec"] > 0
 
 
-def test_paired_loops_benchmark_prints_a_row_per_loop():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.paired", "--logical-cpus=2", "--global-batch=8",
-                           "--rounds=1", "--calls=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| loop")]
-    assert [row.split(" | ")[0] for row in rows] == ["| guide", "| stacked", "| written"]
-    assert float(rows[0].split(" | ")[2].rstrip(" |")) == 1.0  # the guide's loop against itself
+IN_PROCESS = {
+    # module: (arguments, the ways it times, in order; the first is the reference)
+    "benchmarks.paired": (["--logical-cpus=2", "--global-batch=8"], ["guide", "stacked", "written"]),
+    "benchmarks.call_overhead": (["--strategy=mirrored", "--logical-cpus=2"],
+                                 ["tf.function", "concrete function", "runner (concrete_per_iterator)"]),
+}
 
 
-def test_call_overhead_benchmark_prints_a_row_per_way_of_calling():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.call_overhead", "--strategy=mirrored", "--logical-cpus=2",
-                           "--rounds=1", "--calls=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("module", list(IN_PROCESS))
+def test_in_process_benchmark_prints_a_row_per_way(module):
+    args, ways = IN_PROCESS[module]
+    proc = subprocess.run([sys.executable, "-m", module, *args, "--rounds=1", "--calls=2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| call")]
-    assert [row.split(" | ")[0] for row in rows] == ["| tf.function", "| concrete function", "| runner (concrete_per_iterator)"]
-    assert float(rows[0].split(" | ")[2].rstrip(" |")) == 1.0  # tf.function against itself
+    rows = [line.strip("| ").split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row[0] for row in rows] == ways
+    assert float(rows[0][2]) == 1.0  # the reference against itself
