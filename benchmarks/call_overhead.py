@@ -56,5 +56,6 @@ def main(argv=None):
     print(f"{args.strategy}, {strategy.num_replicas_in_sync} replica(s): {args.rounds} rounds of {args.calls} calls, one near-empty step each")
     print_table("call", times, "tf.function", "tf.function")
 
+
 if __name__ == "__main__":
     main()

@@ -93,5 +93,6 @@ def main(argv=None):
     print(f"{args.strategy}, {replicas} replicas, global batch {gbs}: {args.rounds} rounds of {args.calls} calls per loop")
     print_table("loop", times, "guide", "the guide's")
 
+
 if __name__ == "__main__":
     main()

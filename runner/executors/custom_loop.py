@@ -12,16 +12,10 @@ from runner.executors.base import Job, Result, Throughput, check_loss, concrete_
 from runner.stopping import StopGuard
 
 
-def shard_is_loss(job: Job) -> bool:
-    """One replica holding the whole batch, no regularization: its shard's mean loss is the loss itself, so the
-    step computes and carries nothing extra for loss/replica_0. (Under parameter_server, keep the general path.)"""
-    return job.replicas == 1 and not job.parameter_server and not job.model.losses
-
-
 def shard_accumulator(job: Job):
-    """(add, scale): add(step output, total, shards) -> (total, shards) sums the step's loss and each replica's
-    shard loss, the cheapest way for the layout, and shards * scale is their sum of shard losses (scale None:
-    the replicas return their shard's mean loss, make_replica_step(with_shard=True)).
+    """(add, scale, with_shard): add(step output, total, shards) -> (total, shards) sums the step's loss and each
+    replica's shard loss, the cheapest way for the layout; shards * scale is their sum of shard mean losses;
+    with_shard: the replicas return their shard's mean loss too (make_replica_step).
 
     - One replica, no regularization: the loss is the shard's loss.
     - One worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
@@ -39,25 +33,25 @@ def shard_accumulator(job: Job):
     strategy = job.strategy
     replicas, local = strategy.num_replicas_in_sync, strategy.experimental_local_results
     total_of = lambda loss: strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)  # noqa: E731
-    if shard_is_loss(job):
+    if replicas == 1 and not job.model.losses:
         def add(loss, total, shards):
             loss = total_of(loss)
             return total + loss, shards + loss
-        scale = 1.0
+        scale, with_shard = 1.0, False
     elif not job.multi_worker and not job.model.losses and job.data.global_batch_size % replicas == 0:
         def add(share, total, shards):
             parts = tf.stack(local(share))
             return total + tf.reduce_sum(parts), shards + parts
-        scale = float(replicas)
+        scale, with_shard = float(replicas), False
     elif job.multi_worker:
         def add(out, total, shards):
             return total + total_of(out[0]), shards + strategy.gather(out[1], axis=0)
-        scale = None
+        scale, with_shard = 1.0, True
     else:
         def add(out, total, shards):
             return total + tf.reduce_sum(tf.stack(local(out[0]))), shards + tf.concat(local(out[1]), axis=0)
-        scale = None
-    return tf.autograph.experimental.do_not_convert(add), scale
+        scale, with_shard = 1.0, True
+    return tf.autograph.experimental.do_not_convert(add), scale, with_shard
 
 
 def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
@@ -181,9 +175,8 @@ def run_custom_loop(job: Job) -> Result:
     with strategy.scope():
         per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
     replicas = strategy.num_replicas_in_sync
-    add, scale = shard_accumulator(job)
-    replica_step = make_replica_step(job, per_example_loss, with_shard=scale is None)
-    scale = scale or 1.0
+    add, scale, with_shard = shard_accumulator(job)
+    replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard)
     eval_update, eval_results = make_evaluator(job, per_example_loss)
 
     @tf.function
