@@ -4,7 +4,9 @@ Types and unknown keys are already caught by the schemas (runner/schema.py) whil
 Each check here is one small function with a message that names the bad value and the valid choices.
 """
 
+import dataclasses
 import json
+import math
 import os
 import socket
 import urllib.error
@@ -12,7 +14,7 @@ import urllib.parse
 import urllib.request
 from typing import Callable, List
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.errors import ConfigError
 from runner.redact import redact_uri
@@ -47,23 +49,76 @@ def _choice(key: str, value, choices) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
 
 
+def _number(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _bounds_text(r, is_int: bool) -> str:
+    """`a positive integer (1 or more)`, `greater than 0`, `between 0 and 1 (exclusive)`, ..."""
+    lo = r.ge if r.ge is not None else r.gt
+    hi = r.le if r.le is not None else r.lt
+    if lo is not None and hi is not None:
+        if r.gt is not None and r.lt is not None:
+            return f"between {_number(lo)} and {_number(hi)} (exclusive)"
+        if r.ge is not None and r.le is not None:
+            return f"between {_number(lo)} and {_number(hi)}"
+        return f"{'>=' if r.ge is not None else '>'} {_number(lo)} and {'<=' if r.le is not None else '<'} {_number(hi)}"
+    if r.gt is not None:
+        return f"greater than {_number(r.gt)}"
+    if r.ge is not None:
+        if is_int and r.ge == 1 and r.null is None:
+            return "a positive integer (1 or more)"
+        return f"{_number(r.ge)} or more"
+    if r.lt is not None:
+        return f"less than {_number(r.lt)}"
+    return f"{_number(r.le)} or less"
+
+
+def _out_of_range(value, r) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        return True
+    return ((r.ge is not None and value < r.ge) or (r.gt is not None and value <= r.gt)
+            or (r.le is not None and value > r.le) or (r.lt is not None and value >= r.lt))
+
+
+def range_problems(node, prefix: str = "") -> List[str]:
+    """Every numeric value outside the range its schema field declares (runner/schema.py, `ranged(...)`)."""
+    problems = []
+    kind = OmegaConf.get_type(node)
+    declared = {f.name: f.metadata["range"] for f in dataclasses.fields(kind) if "range" in f.metadata} \
+        if dataclasses.is_dataclass(kind) else {}
+    for key in node.keys():
+        full, r = f"{prefix}{key}", declared.get(key)
+        if isinstance(node._get_node(key), DictConfig):
+            problems += range_problems(node[key], full + ".")
+            continue
+        if r is None or OmegaConf.is_missing(node, key):
+            continue
+        value = node[key]
+        if value is None:
+            continue
+        items = list(value) if isinstance(value, ListConfig) else [value]
+        numbers = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        bad = [v for v in numbers if _out_of_range(v, r)]
+        if not bad:
+            continue
+        is_int = all(isinstance(v, int) for v in numbers)
+        shown = f"[{', '.join(map(str, items))}]" if isinstance(value, ListConfig) else str(value)
+        finite = "finite and " if any(isinstance(v, float) and not math.isfinite(v) for v in bad) else ""
+        what = ("every element must be " if isinstance(value, ListConfig) else "must be ") + finite + _bounds_text(r, is_int)
+        if r.null is not None:
+            what += f", or null ({r.null})"
+        problems.append(f"{full}={shown} {what}." + (f" {r.why[0].upper()}{r.why[1:]}." if r.why else ""))
+    return problems
+
+
 @check
-def positive_numbers(cfg):
-    t = cfg.train
-    for key, value in [
-        ("train.epochs", t.epochs),
-        ("train.global_batch_size", t.global_batch_size),
-        ("train.steps_per_execution", t.steps_per_execution),
-        ("train.steps_per_loop", t.steps_per_loop),
-        ("train.log_every_n_steps", t.log_every_n_steps),
-        ("devices.logical_cpus", cfg.devices.logical_cpus),
-    ]:
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be a positive integer (1 or more).")
-    if t.steps_per_epoch is not None and t.steps_per_epoch < 1:
-        raise ConfigError(f"train.steps_per_epoch={t.steps_per_epoch} must be 1 or more, or null (one pass over the data).")
-    if t.optimizer.learning_rate <= 0:
-        raise ConfigError(f"train.optimizer.learning_rate={t.optimizer.learning_rate} must be greater than 0.")
+def ranges(cfg):
+    """The one generic range check: every numeric field against the range declared beside it in runner/schema.py."""
+    problems = range_problems(cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more: {' '.join(problems[1:])})" if len(problems) > 1 else ""
+        raise ConfigError(problems[0] + more)
 
 
 @check
@@ -124,8 +179,6 @@ def localhost_cluster_shape(cfg):
     c = cfg.cluster
     if c.name != "localhost":
         return
-    if c.workers < 1:
-        raise ConfigError(f"cluster.workers={c.workers} must be 1 or more.")
     if cfg.strategy.name == "parameter_server" and c.ps < 1:
         raise ConfigError(f"strategy=parameter_server needs cluster.ps=1 or more (got {c.ps}).")
     if cfg.strategy.name == "multi_worker_mirrored" and c.ps:
@@ -147,13 +200,6 @@ def data_file_exists(cfg):
                 f"data.path={cfg.data.path!r}: no such file (looked in {os.path.abspath(path)}). "
                 "Point data.path at a .npz file with arrays x_train and y_train."
             )
-
-
-@check
-def eval_fraction_in_range(cfg):
-    fraction = cfg.data.get("eval_fraction")
-    if fraction is not None and not 0 < fraction < 1:
-        raise ConfigError(f"data.eval_fraction={fraction} must be between 0 and 1 (exclusive).")
 
 
 MAX_LOGICAL_CPUS_PER_CORE = 4  # past this, replicas only fight over the same cores
