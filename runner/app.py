@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner import schema
 from runner.errors import RunnerError
 from runner.stopping import Stopped
-from runner.tracking import ATTACH_ENV
+from runner.tracking import ATTACH_ENV, JOB_ENV
 from runner.validate import validate
 
 schema.register()
@@ -35,6 +35,10 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if os.environ.get(JOB_ENV):  # the sweep passes hydra.mode=RUN; this is the backstop against a fork bomb
+            print("Error: a job of a sweep was started as a sweep itself (hydra.mode=MULTIRUN); refusing to start "
+                  "another level of jobs. Remove hydra.mode from the job's overrides.", file=sys.stderr)
+            sys.exit(2)
         from runner.sweep import run_sweep_job  # each job in a fresh process: devices are per process
 
         run_sweep_job(cfg)

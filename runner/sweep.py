@@ -17,6 +17,7 @@ from typing import Any, List
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from runner import procs
 from runner.tracking import JOB_ENV, PARENT_ENV
 
 log = logging.getLogger("runner")
@@ -53,8 +54,12 @@ def run_sweep_job(cfg: DictConfig) -> int:
     parent = _state(sweep_dir, "parent_run_id")
     if os.path.exists(parent):
         env[PARENT_ENV] = open(parent).read().strip()
-    argv = [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
+    # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
+    argv = [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
+    # procs.popen: the job dies with this process, even on SIGKILL (Hydra's launchers call this task function
+    # from their main thread: the basic launcher's, or a joblib worker process's)
+    proc = procs.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail: List[str] = []
     for line in proc.stdout:
         sys.stdout.write(f"[{label}] {line}")
