@@ -14,7 +14,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from runner import datasets, stopping
+from runner import datasets, procs, stopping
 from runner.env import native_stderr_captured
 from runner.tracking import NullRun, mlflow_run
 
@@ -66,8 +66,8 @@ def deadline(seconds: float, what: str, run):
     message = f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?"
     mlflow_args = [run.run_id or "", "owner" if getattr(run, "owner", False) else "attached"]
     env = dict(os.environ, MLFLOW_TRACKING_URI=getattr(run, "tracking_uri", ""))  # not in argv: it may hold credentials
-    watchdog = subprocess.Popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(seconds), message, *mlflow_args],
-                                stdin=subprocess.PIPE, env=env)
+    watchdog = procs.popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(seconds), message, *mlflow_args],
+                           stdin=subprocess.PIPE, env=env)  # dies with us, even on SIGKILL (main thread: _train)
     try:
         yield
     finally:

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import DictConfig
 
-from runner import stopping
+from runner import procs, stopping
 from runner.errors import ClusterError
 from runner.tracking import ATTACH_ENV, mlflow_run
 
@@ -81,8 +81,9 @@ class Task:
         return self.env.get("RUNNER_TASK_ROLE") == "server"
 
     def start(self, lock: threading.Lock) -> None:
-        # A session of its own, so stopping the task stops everything it started.
-        self.proc = subprocess.Popen(
+        # A session of its own, so stopping the task stops everything it started; and it dies with the launcher,
+        # even a launcher killed with SIGKILL (procs.popen; supervise() calls this from the main thread).
+        self.proc = procs.popen(
             self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True,
         )

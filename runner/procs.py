@@ -1,0 +1,72 @@
+"""Child processes that die with the process that started them, even when it is killed with SIGKILL.
+
+Every process the runner starts (cluster tasks, sweep jobs, the watchdog) goes through `popen`. It asks Linux
+(prctl PR_SET_PDEATHSIG) to send the child SIGKILL when its parent goes away. Linux sends it when the *thread*
+that forked the child exits, so call `popen` from a thread that lives as long as the child is wanted: the
+runner does it from the main thread (the launcher's supervise loop, the sweep's task function, deadline()).
+
+Also: who a process is (host, pid, start time), so a run left RUNNING by a process that is gone can be told
+apart from one whose process still runs (runner/store.py).
+"""
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Optional
+
+PR_SET_PDEATHSIG = 1
+_prctl = None
+if sys.platform.startswith("linux"):  # resolved here, before any fork: the child only makes one plain call
+    try:
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        _prctl = None
+
+
+def _die_with(parent: int):
+    def preexec() -> None:
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above took effect
+            os._exit(137)
+
+    return preexec
+
+
+def popen(argv, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen whose child gets SIGKILL when this process (the forking thread) dies."""
+    if _prctl is not None:
+        kwargs["preexec_fn"] = _die_with(os.getpid())
+    return subprocess.Popen(argv, **kwargs)
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None if it has exited.
+    With the pid, it names one process: a pid reused later has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": field 3 (state) onwards
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])  # a zombie has died already
+
+
+def identity(pid: Optional[int] = None) -> dict:
+    """host, pid and start ticks of this process (or of pid)."""
+    pid = os.getpid() if pid is None else pid
+    return {"host": socket.gethostname(), "pid": str(pid), "start": str(start_ticks(pid) or "")}
+
+
+def alive(host: str, pid: str, start: str) -> Optional[bool]:
+    """Whether the process recorded as (host, pid, start) still runs; None when it is on another host."""
+    if host != socket.gethostname():
+        return None
+    try:
+        ticks = start_ticks(int(pid))
+    except ValueError:
+        return None
+    return ticks is not None and (not start or str(ticks) == start)
