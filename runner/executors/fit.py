@@ -5,7 +5,8 @@ import time
 
 import numpy as np
 
-from runner.executors.base import Job, Result, Throughput, check_loss, concrete_per_iterator, log, replica_metrics
+from runner.executors.base import (Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line,
+                                   replica_metrics)
 from runner.executors.replica_losses import ShardLosses
 from runner.stopping import StopGuard
 
@@ -78,10 +79,38 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
     return ReplicaLossModel()
 
 
-def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard):
+def _progress_mode(verbose) -> str:
+    """bar (Keras' progress bar: a terminal, or executor.verbose=1), lines (one log line every
+    train.log_every_n_steps steps: not a terminal, or verbose=2) or quiet (verbose=0)."""
+    if str(verbose) == "auto":
+        return "bar" if sys.stdout.isatty() else "lines"
+    return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
+
+
+def _progress_bar():
+    """Keras' progress bar without the step's `replica_losses` (an internal value: the per-replica losses are
+    logged to MLflow as loss/replica_<i>); passed to fit, it replaces the bar Keras would add."""
+    import tf_keras
+
+    class ProgressBar(tf_keras.callbacks.ProgbarLogger):
+        def on_train_batch_end(self, batch, logs=None):
+            super().on_train_batch_end(batch, _shown(logs))
+
+        def on_epoch_end(self, epoch, logs=None):
+            super().on_epoch_end(epoch, _shown(logs))
+
+    return ProgressBar(count_mode="steps")
+
+
+def _shown(logs):
+    return {k: v for k, v in (logs or {}).items() if k != "replica_losses"}
+
+
+def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str):
     import tf_keras
 
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
+    epochs = job.train.epochs
 
     class EpochReport(tf_keras.callbacks.Callback):
         """Checkpoints, and metrics once per epoch (all that parameter_server allows: no batch-level hooks)."""
@@ -107,8 +136,12 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard)
             values = {k: float(np.mean(v)) for k, v in logs.items() if k != "replica_losses"}
             check_loss(job, values.get("loss", 0.0), step)
             values.update(replica_metrics(self.model.replica_losses(logs)))
-            values.update(meter.window())
+            rates = meter.window()
+            values.update(rates)
             job.reporter.log_metrics(values, step)
+            if mode == "lines":
+                done = step - self.epoch * spe
+                log.info(progress_line(self.epoch + 1, epochs, done, spe, values.get("loss", float("nan")), rates))
 
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * spe
@@ -132,7 +165,8 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard)
                 self.report(step, logs)
             guard.check(step)
 
-    return [EpochReport() if job.parameter_server else BatchReport()]
+    report = EpochReport() if job.parameter_server else BatchReport()
+    return [report, _progress_bar()] if mode == "bar" else [report]
 
 
 def evaluate_on_coordinator(job: Job) -> dict:
@@ -167,8 +201,7 @@ def run_fit(job: Job) -> Result:
             steps_per_execution=job.train.steps_per_execution,
         )
     model.distribute_reduction_method = "first"
-    verbose = job.executor.verbose
-    verbose = (1 if sys.stdout.isatty() else 2) if verbose == "auto" else int(verbose)
+    mode = _progress_mode(job.executor.verbose)
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
     initial_epoch = initial_step // data.steps_per_epoch
@@ -180,10 +213,10 @@ def run_fit(job: Job) -> Result:
              job.train.epochs, data.steps_per_epoch, data.global_batch_size, job.replicas)
     started = time.perf_counter()
     with StopGuard(job) as guard:
-        callbacks = _callbacks(job, meter, initial_step, guard)
+        callbacks = _callbacks(job, meter, initial_step, guard, mode)
         history = model.fit(
             x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
-            verbose=verbose, callbacks=callbacks, shuffle=data.shuffle, **kwargs,
+            verbose=1 if mode == "bar" else 0, callbacks=callbacks, shuffle=data.shuffle, **kwargs,
         )
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
     steps = job.train.epochs * data.steps_per_epoch
