@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from runner import data_checks
 from runner.errors import ConfigError
 
 
@@ -71,38 +72,84 @@ def digits(cfg) -> ArrayData:
     return ArrayData(*_split(x, y, cfg.eval_fraction, cfg.seed), task="classification", num_classes=10)
 
 
-def npz(cfg) -> ArrayData:
+def _read_npz(cfg) -> dict:
+    """The arrays the config names, each read on its own so that an error names the array."""
+    where = f"data.path={cfg.path!r}"
     path = os.path.expanduser(str(cfg.path))
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except Exception as err:  # corrupt, not an npz, pickled objects...
-        raise ConfigError(f"data.path={cfg.path!r} could not be read as a .npz file: {err}") from None
-    missing = [k for k in (cfg.x_train, cfg.y_train) if k not in arrays]
-    if missing:
-        raise ConfigError(
-            f"data.path={cfg.path!r} has no array named {', '.join(missing)}; it holds: {', '.join(sorted(arrays)) or 'nothing'}. "
-            "Set data.x_train / data.y_train to the names in the file."
-        )
-    x, y = arrays[cfg.x_train].astype(np.float32), arrays[cfg.y_train]
-    if cfg.x_eval in arrays and cfg.y_eval in arrays:
-        splits = (x, y, arrays[cfg.x_eval].astype(np.float32), arrays[cfg.y_eval])
+        f = np.load(path, allow_pickle=False)
+    except Exception as err:  # corrupt, not an npz...
+        raise ConfigError(f"{where} could not be read as a .npz file: {err}") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):  # a plain .npy: one array, no names
+        raise ConfigError(f"{where} is a single .npy array, not a .npz archive of named arrays; save it with "
+                          "np.savez(path, x_train=..., y_train=...).")
+    with f:
+        missing = [k for k in (cfg.x_train, cfg.y_train) if k not in f.files]
+        if missing:
+            raise ConfigError(
+                f"{where} has no array named {', '.join(missing)}; it holds: {', '.join(sorted(f.files)) or 'nothing'}. "
+                "Set data.x_train / data.y_train to the names in the file."
+            )
+        present = [k for k in (cfg.x_eval, cfg.y_eval) if k in f.files]
+        if len(present) == 1:
+            absent = cfg.y_eval if present[0] == cfg.x_eval else cfg.x_eval
+            raise ConfigError(
+                f"{where} has the eval array {present[0]!r} but not {absent!r}; give both (or neither: then "
+                f"data.eval_fraction={cfg.eval_fraction} of the training arrays is held out).")
+        arrays = {}
+        for name in (cfg.x_train, cfg.y_train, *present):
+            try:
+                arrays[name] = f[name]
+            except Exception as err:  # pickled objects (allow_pickle=False), a truncated member...
+                raise ConfigError(f"{where}: array {name!r} could not be read ({err}). Save plain numeric arrays "
+                                  "(no Python objects) with np.savez.") from None
+    return arrays
+
+
+def npz(cfg) -> ArrayData:
+    where = f"data.path={cfg.path!r}"
+    arrays = _read_npz(cfg)
+    x, y = arrays[cfg.x_train], arrays[cfg.y_train]
+    # Before any cast or split: the raw arrays, so that errors name the file's own arrays and values.
+    data_checks.check_array(x, cfg.x_train, where, features=True)
+    data_checks.check_array(y, cfg.y_train, where, features=False)
+    data_checks.check_pair(x, y, cfg.x_train, cfg.y_train, where)
+    if cfg.x_eval in arrays:
+        x_eval, y_eval = arrays[cfg.x_eval], arrays[cfg.y_eval]
+        data_checks.check_array(x_eval, cfg.x_eval, where, features=True)
+        data_checks.check_array(y_eval, cfg.y_eval, where, features=False)
+        data_checks.check_pair(x_eval, y_eval, cfg.x_eval, cfg.y_eval, where)
+        splits = (x, y, x_eval, y_eval)
     else:
+        if len(x) < 2:
+            raise ConfigError(f"{where}: {cfg.x_train!r} has {len(x)} example; holding out data.eval_fraction of it "
+                              f"needs 2 or more (or give {cfg.x_eval!r} and {cfg.y_eval!r}).")
         splits = _split(x, y, cfg.eval_fraction, cfg.seed)
+    x_train, x_eval = splits[0].astype(np.float32), splits[2].astype(np.float32)
     if cfg.task == "classification":
+        for name, labels in ((cfg.y_train, y), (cfg.y_eval, splits[3])):
+            if labels.dtype.kind not in "biu":
+                raise ConfigError(f"data.task=classification needs integer labels in {name!r} of {where}; got {labels.dtype}. "
+                                  "Use data.task=regression.")
         y_all = np.concatenate([splits[1].ravel(), splits[3].ravel()])
-        if not np.issubdtype(y_all.dtype, np.integer):
-            raise ConfigError(f"data.task=classification needs integer labels in {cfg.y_train!r}; got {y_all.dtype}. Use data.task=regression.")
-        splits = (splits[0], splits[1].astype(np.int32), splits[2], splits[3].astype(np.int32))
-        return ArrayData(*splits, task="classification", num_classes=int(y_all.max()) + 1)
-    return ArrayData(splits[0], splits[1].astype(np.float32), splits[2], splits[3].astype(np.float32), task="regression")
+        if y_all.min() < 0 or y_all.max() >= data_checks.MAX_CLASSES:  # named and explained by check_data
+            return ArrayData(x_train, splits[1], x_eval, splits[3], task="classification")
+        return ArrayData(x_train, splits[1].astype(np.int32), x_eval, splits[3].astype(np.int32), task="classification",
+                         num_classes=int(y_all.max()) + 1)
+    return ArrayData(x_train, splits[1].astype(np.float32), x_eval, splits[3].astype(np.float32), task="regression")
 
 
 SOURCES = {"ones": ones, "synthetic": synthetic, "digits": digits, "npz": npz}
 
 
+def describe(cfg) -> str:
+    """How errors name a source: the file for npz, else data=<name>."""
+    return f"data.path={cfg.path!r}" if cfg.name == "npz" else f"data={cfg.name}"
+
+
 def load(cfg) -> ArrayData:
+    """Load the source, then check it: lengths, shapes, dtypes, finite values, labels (runner/data_checks.py)."""
     data = SOURCES[cfg.name](cfg)
-    if len(data.x_train) == 0:
-        raise ConfigError(f"data={cfg.name} has no training examples.")
+    names = {k: cfg[k] for k in ("x_train", "y_train", "x_eval", "y_eval")} if cfg.name == "npz" else None
+    data_checks.check_data(data, describe(cfg), names)
     return data

@@ -9,10 +9,11 @@ import json
 import math
 import os
 import socket
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -199,6 +200,83 @@ def data_file_exists(cfg):
             raise ConfigError(
                 f"data.path={cfg.data.path!r}: no such file (looked in {os.path.abspath(path)}). "
                 "Point data.path at a .npz file with arrays x_train and y_train."
+            )
+
+
+# Bytes per example of the built-in sources (x as float32, then y), from the config alone; npz is measured once loaded.
+def _example_bytes(data) -> Optional[int]:
+    if data.name == "ones":
+        return 4 + 4
+    if data.name == "synthetic":
+        return 4 * data.num_features + 4
+    if data.name == "digits":
+        return 4 * 64 + 4
+    return None
+
+
+@check
+def memory_fits(cfg):
+    """Data to generate, and a global batch, that clearly do not fit in memory (the data repeat, so with
+    train.steps_per_epoch a batch can be far larger than the data and would grow memory without bound)."""
+    from runner import data_checks  # NumPy, no TensorFlow
+
+    example = _example_bytes(cfg.data)
+    if example is None:
+        return  # npz: checked on the loaded arrays (runner/builders/data.py)
+    available = data_checks.available_memory()
+    if cfg.data.name in ("ones", "synthetic"):
+        key = "data.num_examples" if cfg.data.num_examples >= cfg.data.eval_examples else "data.eval_examples"
+        # synthetic data are drawn in float64 and cast: ~3x the float32 size while being made
+        made = example * (3 if cfg.data.name == "synthetic" else 1)
+        data_checks.check_data_memory(key, cfg.data[key.split(".")[1]], cfg.data.num_examples + cfg.data.eval_examples, made, f"data={cfg.data.name}",
+                                      available)
+    data_checks.check_batch_memory(cfg.train.global_batch_size, example, f"data={cfg.data.name}", available)
+
+
+def _writable_dir_problem(path: str) -> Optional[str]:
+    """None when `path` is, or can be made, a directory this process can write in; else why not. Directories made
+    for the probe are removed again (the run makes them when it needs them)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    made, parent = [], path
+    while not os.path.exists(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is a file, not a directory"
+    try:
+        for d in reversed(made):
+            os.mkdir(d)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-"):
+            pass
+    except OSError as err:
+        return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+    finally:
+        for d in made:  # innermost first
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+    return None
+
+
+@check
+def directories_writable(cfg):
+    """The output and checkpoint directories, found unusable before any step rather than after the first epoch."""
+    output_dir = OmegaConf.select(cfg, "output_dir", throw_on_resolution_failure=False)
+    dirs = []
+    if output_dir:
+        dirs.append(("output_dir", str(output_dir)))
+    if cfg.checkpoint.enabled and (cfg.checkpoint.dir or output_dir):
+        key = "checkpoint.dir" if cfg.checkpoint.dir else "output_dir"
+        dirs.append((key, str(cfg.checkpoint.dir or os.path.join(str(output_dir), "checkpoints"))))
+    for key, path in dirs:
+        problem = _writable_dir_problem(path)
+        if problem:
+            what = "checkpoints" if "checkpoint" in path or key == "checkpoint.dir" else "the run's output"
+            raise ConfigError(
+                f"{key}: {path!r} cannot be used for {what}: {problem}. Point {key} at a directory this user can "
+                + ("create and write (or set checkpoint.enabled=false)." if key == "checkpoint.dir"
+                   else "create and write (hydra.run.dir=<dir>).")
             )
 
 

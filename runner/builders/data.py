@@ -10,6 +10,7 @@
 import logging
 from dataclasses import dataclass
 
+from runner.data_checks import check_batch_memory
 from runner.datasets import ArrayData
 from runner.errors import ConfigError
 
@@ -104,6 +105,8 @@ def build_data(cfg, arrays: ArrayData, train_cfg, num_replicas: int) -> Data:
             f"train.global_batch_size={gbs} is larger than the {n} training examples of data={cfg.name}; "
             "lower the batch or set train.steps_per_epoch (the data repeat)."
         )
+    # The data repeat, so with train.steps_per_epoch a batch may exceed the data: refuse one that cannot fit in memory.
+    check_batch_memory(gbs, arrays.x_train[0].nbytes + arrays.y_train[0].nbytes, f"data={cfg.name}")
     return Data(
         arrays=arrays,
         input=cfg.input,

@@ -81,7 +81,54 @@ BUILDERS = {
 }
 
 
+def named_devices(cfg, ops_cfg):
+    """(key, device name) for every device the config names for a single-process strategy."""
+    named = []
+    if cfg.name == "one_device" and cfg.device:
+        named.append(("strategy.device", cfg.device))
+    if cfg.name == "mirrored":
+        named += [("strategy.devices", d) for d in (cfg.devices or [])]
+    if cfg.name == "central_storage":
+        named += [("strategy.compute_devices", d) for d in (cfg.compute_devices or [])]
+        if cfg.parameter_device:
+            named.append(("strategy.parameter_device", cfg.parameter_device))
+    if cfg.name == "mirrored" and ops_cfg.name == "reduction_to_one_device" and ops_cfg.get("reduce_to_device"):
+        named.append(("cross_device_ops.reduce_to_device", ops_cfg.reduce_to_device))
+    return named
+
+
+def check_devices_exist(cfg, ops_cfg) -> None:
+    """A device that does not exist makes the strategy hang at the first step: refuse it, naming the ones that exist.
+
+    Only for strategies that name devices (one_device, mirrored, central_storage): list_logical_devices() initialises
+    TensorFlow's context, which multi_worker_mirrored must configure first.
+    """
+    named = named_devices(cfg, ops_cfg)
+    if not named:
+        return
+    import tensorflow as tf
+
+    existing = tf.config.list_logical_devices()
+    have = {(d.device_type.upper(), tf.DeviceSpec.from_string(d.name).device_index) for d in existing}
+    listing = ", ".join(d.name.replace("/job:localhost/replica:0/task:0", "") for d in existing)
+    for key, name in named:
+        try:
+            spec = tf.DeviceSpec.from_string(str(name))
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{key}={name!r} is not a device name ({err}). Devices here: {listing}.") from None
+        kind = (spec.device_type or "").upper()
+        found = bool(kind) and any(k == kind and (spec.device_index is None or i == spec.device_index) for k, i in have)
+        if spec.job not in (None, "localhost") or spec.task not in (None, 0) or spec.replica not in (None, 0):
+            found = False  # another task's device: this process only has its own
+        if not found:
+            hint = " (devices.logical_cpus=N makes N CPU devices)" if kind == "CPU" else ""
+            raise ConfigError(
+                f"{key}={name!r} names a device that does not exist in this process; the devices that exist are: "
+                f"{listing}{hint}. Name one of them, or leave {key} null (the default).")
+
+
 def build_strategy(cfg, ops_cfg, devices: Devices, cluster: Cluster):
     if cfg.name not in BUILDERS:
         raise ConfigError(f"strategy={cfg.name} is unknown; choose one of: {', '.join(BUILDERS)}.")
+    check_devices_exist(cfg, ops_cfg)
     return BUILDERS[cfg.name](cfg, ops_cfg, devices, cluster)
