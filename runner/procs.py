@@ -55,16 +55,32 @@ def start_ticks(pid: int) -> Optional[int]:
     return None if fields[0] in (b"Z", b"X") else int(fields[19])  # a zombie has died already
 
 
+def _namespace() -> str:
+    """<boot id>/<pid namespace>: pids mean the same only within one boot and one pid namespace (container)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
 def identity(pid: Optional[int] = None) -> dict:
-    """host, pid and start ticks of this process (or of pid)."""
+    """host, pid namespace, pid and start ticks of this process (or of pid)."""
     pid = os.getpid() if pid is None else pid
-    return {"host": socket.gethostname(), "pid": str(pid), "start": str(start_ticks(pid) or "")}
+    return {"host": socket.gethostname(), "ns": _namespace(), "pid": str(pid), "start": str(start_ticks(pid) or "")}
 
 
-def alive(host: str, pid: str, start: str) -> Optional[bool]:
-    """Whether the process recorded as (host, pid, start) still runs; None when it is on another host."""
+def alive(host: str, pid: str, start: str, ns: str = "") -> Optional[bool]:
+    """Whether the process recorded as (host, ns, pid, start) still runs; None when this process cannot tell
+    (another host, or another container on this one)."""
     if host != socket.gethostname():
         return None
+    here = _namespace()
+    if ns and here and ns != here:
+        if ns.split("/", 1)[0] != here.split("/", 1)[0]:
+            return False  # the machine rebooted since: every process of that boot is gone
+        return None  # another pid namespace (a container): its pids are not ours to look up
     try:
         ticks = start_ticks(int(pid))
     except ValueError:

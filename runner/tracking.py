@@ -222,13 +222,14 @@ class NullRun:
 def _open_client(cfg):
     uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
     import mlflow
-    from mlflow import MlflowClient
+
+    from runner.store import open_client  # a fresh SQLite store created once under a lock; bad stores: ConfigError
 
     for name in ("mlflow", "alembic"):  # after the import: mlflow sets its own level when imported
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # one line per retry while a server is down; we say it once
     mlflow.set_tracking_uri(uri)
-    return uri, MlflowClient(uri)
+    return uri, open_client(uri)
 
 
 def _saved_run_id(output_dir: Optional[str]) -> Optional[str]:
@@ -284,6 +285,8 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
 
 def _start(cfg: DictConfig, overrides, uri: str, client) -> RunLog:
     """Continue, attach to, or create the run; a new one gets the config as params and artifacts."""
+    from runner import store
+
     attached = os.environ.get(ATTACH_ENV)
     resumed = None if attached else _saved_run_id(cfg.output_dir)
     options = dict(uri=uri, owner=not attached, flush_every=cfg.mlflow.flush_every_sec,
@@ -293,6 +296,7 @@ def _start(cfg: DictConfig, overrides, uri: str, client) -> RunLog:
             outbox.deliver(client, cfg.output_dir)
         run = client.get_run(attached or resumed)
         if resumed:
+            store.take_over(client, run, cfg.train.epochs, cfg.output_dir)  # not FINISHED, not running elsewhere
             client.update_run(resumed, status="RUNNING")
         runlog = RunLog(client, run.info.run_id, **options)
         if resumed:
@@ -323,4 +327,6 @@ def _start(cfg: DictConfig, overrides, uri: str, client) -> RunLog:
             os.makedirs(cfg.output_dir, exist_ok=True)
             with open(os.path.join(cfg.output_dir, RUN_ID_FILE), "w") as f:
                 f.write(run.info.run_id)
+    if not attached:  # this process ends the run: record it as the owner; fail runs whose owner died (store.py)
+        store.started(client, run, cfg.train.epochs)
     return runlog

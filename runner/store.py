@@ -1,0 +1,175 @@
+"""The MLflow tracking store, opened safely: a fresh local SQLite store is created once under a file lock, a
+damaged one or an unknown URI is a ConfigError, and runs left RUNNING by a process that died are marked FAILED.
+
+- MLflow creates a fresh SQLite store by running its migrations in whichever process opens it first; several
+  processes starting together on a fresh file all run them and break it (`table _alembic_tmp_metrics already
+  exists`, for every later run too). `open_client` opens the store under `flock(<db>.lock)`, so one process
+  migrates and the others find it ready.
+- A run records its owner (host, pid, process start time) in tags. `fail_dead_runs` (called as a run starts,
+  one search over its experiment) marks FAILED every RUNNING run of this host whose owner process is gone.
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+from typing import Optional
+
+from runner import procs
+from runner.errors import ConfigError
+from runner.redact import redact, redact_uri
+
+log = logging.getLogger("runner")
+OWNER_TAGS = {"host": "runner.owner.host", "ns": "runner.owner.ns", "pid": "runner.owner.pid", "start": "runner.owner.start"}
+DIED = "process died without ending the run (found by {who})"
+SCHEMES = "sqlite:///<path>, http(s)://<host>:<port>, postgresql://, mysql://, mssql://, file:<dir>, databricks"
+
+
+def sqlite_path(uri: str) -> Optional[str]:
+    """The database file of a sqlite:/// URI (None for other URIs and for in-memory SQLite)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return os.path.abspath(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    try:
+        f = open(path + ".lock", "a")
+    except OSError:  # a read-only directory: nothing can migrate the store there either
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _damaged(path: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"the MLflow store {path} cannot be used: {why}. Nothing was trained. Move it away (mv {path} {path}.broken) "
+        "and the next run creates a fresh store there, or point mlflow.tracking_uri / MLFLOW_TRACKING_URI at another "
+        "store (or set mlflow.enabled=false)."
+    )
+
+
+def open_client(uri: str):
+    """An MlflowClient for `uri`, with the store created (once, under a lock) and checked."""
+    path = sqlite_path(uri)
+    if path is None:
+        return _client(uri)
+    if os.path.isdir(path):
+        raise ConfigError(f"the MLflow store {path} is a directory, not an SQLite file. Point mlflow.tracking_uri / "
+                          "MLFLOW_TRACKING_URI at a file (sqlite:///<dir>/mlflow.db).")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ConfigError(f"the MLflow store {path} cannot be created: its directory {os.path.dirname(path)} does not "
+                          "exist. Create it, or point mlflow.tracking_uri at another file.")
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise _damaged(path, "it is not an SQLite database")
+    with _locked(path):
+        try:
+            client = _client(uri)  # MLflow creates (migrates) a fresh store here, and caches it per URI
+            client.search_experiments(max_results=1)
+        except ConfigError:
+            raise
+        except Exception as err:  # MlflowException, sqlalchemy errors, a half-migrated store
+            raise _damaged(path, redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]) from None
+    return client
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        return MlflowClient(uri)
+    except UnsupportedModelRegistryStoreURIException:
+        raise ConfigError(f"the tracking URI {redact_uri(uri)!r} has a scheme MLflow does not know. Use one of: {SCHEMES} "
+                          "(mlflow.tracking_uri or MLFLOW_TRACKING_URI; unset both for ./mlflow.db).") from None
+
+
+def owner_dead(run) -> bool:
+    """Whether the RUNNING run's recorded owner was a process of this host that is gone now."""
+    tags = run.data.tags
+    if OWNER_TAGS["pid"] not in tags:
+        return False
+    return procs.alive(tags.get(OWNER_TAGS["host"], ""), tags[OWNER_TAGS["pid"]], tags.get(OWNER_TAGS["start"], ""),
+                       tags.get(OWNER_TAGS["ns"], "")) is False
+
+
+def fail_dead_runs(client, experiment_id: str, who: str, keep: Optional[str] = None) -> list:
+    """Mark FAILED each RUNNING run of the experiment whose owner process on this host is gone; their ids."""
+    host = procs.identity()["host"].replace("'", "")
+    try:
+        running = client.search_runs(
+            [experiment_id], max_results=1000,
+            filter_string=f"attributes.status = 'RUNNING' and tags.`{OWNER_TAGS['host']}` = '{host}'")
+    except Exception as err:  # never let the check stop a run
+        log.debug("could not look for runs left RUNNING: %s", err)
+        return []
+    failed = []
+    for run in running:
+        if run.info.run_id == keep or not owner_dead(run):
+            continue
+        try:
+            client.set_tag(run.info.run_id, "error", DIED.format(who=who))
+            client.set_terminated(run.info.run_id, "FAILED")
+        except Exception as err:
+            log.debug("could not mark run %s FAILED: %s", run.info.run_id, err)
+            continue
+        log.warning("MLflow run %s (%s) was left RUNNING by pid %s, which is gone: marked FAILED", run.info.run_name,
+                    run.info.run_id, run.data.tags[OWNER_TAGS["pid"]])
+        failed.append(run.info.run_id)
+    return failed
+
+
+def live_owner(run) -> Optional[str]:
+    """The pid of the run's recorded owner when it is a process of this host that still runs, else None."""
+    tags = run.data.tags
+    if OWNER_TAGS["pid"] not in tags or tags[OWNER_TAGS["pid"]] == str(os.getpid()):
+        return None
+    alive = procs.alive(tags.get(OWNER_TAGS["host"], ""), tags[OWNER_TAGS["pid"]], tags.get(OWNER_TAGS["start"], ""),
+                        tags.get(OWNER_TAGS["ns"], ""))
+    return tags[OWNER_TAGS["pid"]] if alive else None
+
+
+EPOCHS_TAG = "runner.train.epochs"  # the epochs the run was last asked to train (params cannot change on resume)
+
+
+def take_over(client, run, epochs: int, output_dir: str) -> None:
+    """Before resume= continues `run`: refuse a run that is finished or whose process still runs; a RUNNING run
+    whose process died is marked FAILED first (that attempt ended without a word)."""
+    info, name = run.info, f"{run.info.run_name} ({run.info.run_id})"
+    if info.status == "FINISHED":
+        trained = [run.data.tags.get(EPOCHS_TAG), run.data.params.get("train.epochs")]
+        done = max([int(v) for v in trained if v and v.isdigit()], default=None)
+        if done is None or epochs <= done:
+            raise ConfigError(
+                f"resume={output_dir}: its MLflow run {name} is FINISHED: it trained all its train.epochs="
+                f"{done if done is not None else '?'}, so there is nothing to continue. To train longer, pass a larger "
+                "train.epochs with resume=; for a new run, leave resume= out."
+            )
+    pid = live_owner(run) if info.status == "RUNNING" else None
+    if pid:
+        raise ConfigError(
+            f"resume={output_dir}: its MLflow run {name} is still RUNNING in process {pid} on this host. Stop that "
+            f"process first (kill {pid}: it checkpoints and ends the run KILLED), then resume."
+        )
+    if info.status == "RUNNING" and owner_dead(run):
+        client.set_tag(info.run_id, "error", DIED.format(who=f"resume={output_dir}"))
+        client.set_terminated(info.run_id, "FAILED")
+        log.warning("MLflow run %s was left RUNNING by pid %s, which is gone: marked FAILED, now continued", name,
+                    run.data.tags[OWNER_TAGS["pid"]])
+
+
+def started(client, run, epochs: int) -> None:
+    """This process owns `run` now: record it, and fail the runs of its experiment left RUNNING by dead processes."""
+    from mlflow.entities import RunTag
+
+    me = procs.identity()
+    tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + [RunTag(EPOCHS_TAG, str(epochs))]
+    client.log_batch(run.info.run_id, tags=tags)
+    fail_dead_runs(client, run.info.experiment_id, f"run {run.info.run_name} ({run.info.run_id}), pid {me['pid']}",
+                   keep=run.info.run_id)
