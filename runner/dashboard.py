@@ -1,19 +1,94 @@
 """`python -m runner.dashboard`: the MLflow UI for the runner's store, on 127.0.0.1.
 
 Starts `mlflow server` with one worker and no job execution (up in ~5 s and ~500 MB instead of ~14 s and
-~2.3 GB) and prints the address of the model-training view (MLflow 3 opens experiments in a GenAI view).
+~2.3 GB) in its own process group, waits until its /health answers, then prints the address of the
+model-training view (MLflow 3 opens experiments in a GenAI view). Quiet by default: no line per HTTP request
+and no deprecation warnings from the server's libraries (--verbose brings them back).
 """
 
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+
+VIEW = "#/experiments?workflowType=machine_learning"
+QUIET_UVICORN = "--no-access-log --log-level warning"  # uvicorn's own flags, passed through `mlflow server`
 
 
-def server_command(uri: str, host: str, port: int):
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host,
-            "--port", str(port), "--workers", "1"]
+def server_command(uri: str, host: str, port: int, verbose: bool = False):
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--registry-store-uri", uri,
+           "--host", host, "--port", str(port), "--workers", "1"]
+    return cmd if verbose else cmd + ["--uvicorn-opts", QUIET_UVICORN]
+
+
+def server_env(verbose: bool = False) -> dict:
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    if not verbose:
+        # Starlette's deprecation warning is a UserWarning subclass: only a plain "ignore" silences it.
+        env.update(PYTHONWARNINGS="ignore", MLFLOW_LOGGING_LEVEL="WARNING")
+    return env
+
+
+def probe_address(host: str, port: int) -> str:
+    """Where to ask for /health: this machine when the server listens on every interface."""
+    if host in ("", "0.0.0.0", "::", "localhost"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def port_problem(host: str, port: int):
+    """Why the server could not bind host:port (checked first: its own error comes only after ~5 s of start-up)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+            sock.bind((host, port))
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+def wait_until_up(proc: subprocess.Popen, base: str, timeout: float) -> str:
+    """'up' once GET /health answers 200, 'exited' if the server process ended first, else 'timeout'."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            return "exited"
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
+                if response.status == 200:
+                    return "up"
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(0.2)
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the server's whole process group (mlflow's CLI and its uvicorn), SIGKILL what outlives `grace`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so that only live members keep the group alive
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+    proc.wait()
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        self.exit_code = 128 + signum
 
 
 def main(argv=None) -> int:
@@ -25,29 +100,57 @@ def main(argv=None) -> int:
                         help="store to show (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SEC",
+                        help="give up if the server does not answer within SEC seconds (default 120)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the server's own output: a line per HTTP request, start-up logs, warnings")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or resolve_tracking_uri(None)
     if uri.startswith("http"):
-        print(f"{redact_uri(uri)} is already an MLflow server: open {redact_uri(uri)}/#/experiments?workflowType=machine_learning")
+        print(f"{redact_uri(uri)} is already an MLflow server: open {redact_uri(uri)}/{VIEW}")
         return 0
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    print(f"MLflow UI for {redact_uri(uri)}: http://{args.host}:{args.port}/#/experiments?workflowType=machine_learning "
-          "(Ctrl-C stops it)", flush=True)
-    proc = subprocess.Popen(server_command(uri, args.host, args.port), env=env)
 
-    def stop(*_):
-        raise KeyboardInterrupt
+    problem = port_problem(args.host, args.port)
+    if problem:
+        print(f"Error: cannot serve on {args.host}:{args.port} ({problem}). "
+              f"Pass another --port, e.g. --port {args.port + 1}.", file=sys.stderr)
+        return 2
 
-    signal.signal(signal.SIGTERM, stop)  # `kill` stops the server too, like Ctrl-C
+    def stop(signum, _frame):
+        raise _Stop(signum)
+
+    address, proc = f"http://{args.host}:{args.port}", None
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            return proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        # Ctrl-C and `kill` both stop the server: it runs in its own session, so the terminal's Ctrl-C reaches only
+        # this process, which then stops the server's whole process group (in `finally`).
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        print(f"Starting the MLflow UI for {redact_uri(uri)} ...", flush=True)  # the address only once it answers
+        proc = subprocess.Popen(server_command(uri, args.host, args.port, args.verbose), env=server_env(args.verbose),
+                                start_new_session=True)
+        state = wait_until_up(proc, probe_address(args.host, args.port), args.start_timeout)
+        if state == "exited":
+            print(f"Error: the MLflow server exited (code {proc.returncode}) before it answered on {address}; "
+                  "its output is above.", file=sys.stderr)
+            return proc.returncode or 1
+        if state == "timeout":
+            print(f"Error: the MLflow server did not answer on {address} within {args.start_timeout:g} s; stopped it. "
+                  "Retry with --start-timeout 300, or --verbose to see its output.", file=sys.stderr)
+            return 1
+        print(f"MLflow UI: {address}/{VIEW} (Ctrl-C stops it)", flush=True)
+        proc.wait()
+        print(f"Error: the MLflow server exited (code {proc.returncode}).", file=sys.stderr)
+        return proc.returncode or 1
+    except _Stop as stopped:
+        return stopped.exit_code
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if proc is not None:
+            stop_group(proc)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
 
 
 if __name__ == "__main__":
