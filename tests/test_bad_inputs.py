@@ -1,0 +1,327 @@
+"""Bad inputs beyond the matrix of tests/test_errors.py (issue 14): values out of range, malformed .npz data,
+devices that do not exist, directories that cannot be written, batches that cannot fit in memory.
+
+The contract: the run ends before its first step with ONE paragraph naming the key or file and the value, exit
+1 (Hydra: type, unknown key) or 2 (ConfigError), no Python traceback, no MLflow run left RUNNING (one that was
+created is FAILED with the error), and no process left behind. (a) checks the checks in-process, (b) draws bad
+inputs with Hypothesis, and runs a bounded number of them through the real `python -m runner`.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from omegaconf import OmegaConf
+
+from conftest import ROOT, run_runner
+from runner import data_checks, datasets, schema
+from runner.builders.data import build_data
+from runner.errors import ConfigError
+from runner.validate import validate
+
+schema.register()
+OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
+EXPERIMENT = "bad-inputs"
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def assert_refused(cfg, *needles):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    message = str(err.value)
+    for needle in needles:
+        assert needle in message, message
+    assert "\n" not in message  # one paragraph
+    return message
+
+
+# --- (a) the checks themselves, in-process -------------------------------------------------------------------
+@pytest.mark.parametrize("overrides,needles", [
+    (["train.optimizer.clipnorm=-1"], ["train.optimizer.clipnorm=-1.0 must be greater than 0", "or null (no clipping)"]),
+    (["train.seed=-1"], ["train.seed=-1 must be between 0 and 4294967295"]),
+    (["train.seed=4294967296"], ["train.seed=4294967296"]),
+    (["mlflow.flush_every_sec=0"], ["mlflow.flush_every_sec=0.0 must be 1 or more", "slows training"]),
+    (["data.num_examples=-5"], ["data.num_examples=-5 must be a positive integer"]),
+    (["data=ones", "data.eval_examples=0"], ["data.eval_examples=0 must be a positive integer"]),
+    (["data.num_classes=1"], ["data.num_classes=1 must be 2 or more"]),
+    (["train.optimizer.learning_rate=nan"], ["train.optimizer.learning_rate=nan must be finite"]),
+    (["train.optimizer.momentum=1.5"], ["train.optimizer.momentum=1.5"]),
+    (["checkpoint.max_to_keep=0"], ["checkpoint.max_to_keep=0"]),
+    (["checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps=0 must be 1 or more, or null"]),
+    (["data.shuffle_buffer=0"], ["data.shuffle_buffer=0", "data.shuffle=false"]),
+    (["devices.gpus=[0,-1]"], ["devices.gpus=[0, -1] every element must be 0 or more"]),
+    (["strategy=multi_worker_mirrored", "strategy.collective_timeout_sec=-3"], ["strategy.collective_timeout_sec=-3.0"]),
+    (["cross_device_ops=hierarchical_copy", "strategy=mirrored", "cross_device_ops.num_packs=-1"], ["cross_device_ops.num_packs=-1"]),
+    (["strategy=multi_worker_mirrored", "cluster=slurm", "cluster.port_base=70000"], ["cluster.port_base=70000", "TCP port"]),
+    (["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.num_shards=0"],
+     ["strategy.variable_partitioner.num_shards=0"]),
+    (["train.global_batch_size=1000000000", "train.steps_per_epoch=1"], ["train.global_batch_size=1000000000 would need about", "available"]),
+    (["data.num_examples=100000000000"], ["data.num_examples=100000000000 would need about", "available"]),
+])
+def test_values_out_of_range_are_refused_before_tensorflow(overrides, needles):
+    assert_refused(composed(*overrides), *needles)
+
+
+def test_every_numeric_schema_field_declares_a_range():
+    import dataclasses
+    import typing
+
+    missing = []
+    for kind in {k for options in schema.GROUP_SCHEMAS.values() for k in options.values()} | {
+            schema.DevicesConfig, schema.TrainConfig, schema.OptimizerConfig, schema.MlflowConfig, schema.CheckpointConfig,
+            schema.VariablePartitionerConfig}:
+        hints = typing.get_type_hints(kind)
+        for f in dataclasses.fields(kind):
+            if any(t in (int, float) for t in (hints[f.name], *typing.get_args(hints[f.name]),
+                                               *[a for t in typing.get_args(hints[f.name]) for a in typing.get_args(t)])):
+                if "range" not in f.metadata:
+                    missing.append(f"{kind.__name__}.{f.name}")
+    assert not missing, missing
+
+
+def test_directories_that_cannot_be_written_are_refused(tmp_path):
+    regular = tmp_path / "a-file"
+    regular.write_text("x")
+    assert_refused(composed(f"checkpoint.dir={regular}/ckpt"), "checkpoint.dir", f"{regular}/ckpt", "is a file, not a directory")
+    assert_refused(composed("checkpoint.dir=/proc/no-such-place/ckpt"), "checkpoint.dir", "/proc/no-such-place/ckpt")
+    fresh = tmp_path / "new" / "deeper"
+    validate(composed(f"checkpoint.dir={fresh}"))  # a directory that can be made is fine
+    assert not (tmp_path / "new").exists()  # and the probe leaves nothing behind
+    if os.geteuid() != 0:  # root writes into read-only directories
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        try:
+            assert_refused(composed(f"checkpoint.dir={locked}"), "checkpoint.dir", str(locked))
+        finally:
+            locked.chmod(0o755)
+
+
+def _arrays(x_train, y_train, x_eval=None, y_eval=None, task="classification", num_classes=None):
+    x_eval = x_train if x_eval is None else x_eval
+    y_eval = y_train if y_eval is None else y_eval
+    return datasets.ArrayData(x_train, y_train, x_eval, y_eval, task=task, num_classes=num_classes)
+
+
+X = np.zeros((8, 3), np.float32)
+Y = np.arange(8) % 2
+
+
+@pytest.mark.parametrize("data,needles", [
+    (_arrays(X, Y[:5]), ["'x_train' has 8 examples but 'y_train' has 5"]),
+    (_arrays(X, np.arange(9) % 2), ["'y_train' is longer"]),
+    (_arrays(np.where(np.eye(8, 3) > 0, np.nan, 0).astype(np.float32), Y), ["'x_train' holds", "non-finite", "nan at index [0, 0]"]),
+    (_arrays(X, Y, x_eval=np.zeros((8, 4), np.float32)), ["'x_train' has (3,) per example, 'x_eval' has (4,)"]),
+    (_arrays(X.astype("U3"), Y), ["'x_train' holds <U3 values (text)"]),
+    (_arrays(X[:0], Y[:0]), ["'x_train' is empty"]),
+    (_arrays(X[:, 0], Y), ["'x_train' has shape (8,)", "reshape"]),
+    (_arrays(X, Y - 1), ["holds the label -1"]),
+    (_arrays(X, Y + 3, num_classes=2), ["holds the label 4, but there are 2 classes"]),
+    (_arrays(X, Y * 10**9), ["holds the label 1000000000", "outputs"]),
+    (_arrays(X, Y.astype(np.float32)), ["integer class labels", "float32"]),
+    (_arrays(X, np.eye(8, 2, dtype=np.int64)), ["One-hot", "shape (8, 2)"]),
+    (_arrays(X, np.zeros(8, np.int64), num_classes=1), ["at least two classes"]),
+    (_arrays(X, np.full((8, 1), np.inf, np.float32), task="regression"), ["'y_train' holds 8 non-finite"]),
+])
+def test_data_checks_name_the_array_and_value(data, needles):
+    with pytest.raises(ConfigError) as err:
+        data_checks.check_data(data, "data.path='d.npz'")
+    for needle in ["data.path='d.npz'", *needles]:
+        assert needle in str(err.value), str(err.value)
+
+
+def test_memory_estimate_refuses_only_what_clearly_does_not_fit():
+    data_checks.check_batch_memory(256, 84, "data=synthetic", available=2**30)
+    with pytest.raises(ConfigError, match=r"train.global_batch_size=10000000 would need about .* 1.0 GiB available"):
+        data_checks.check_batch_memory(10**7, 84, "data=synthetic", available=2**30)
+    assert data_checks.available_memory() > 0
+
+
+# --- (b) properties, with Hypothesis ---------------------------------------------------------------------------
+def _floats(lo=None, hi=None, **kw):
+    return st.floats(min_value=lo, max_value=hi, allow_nan=False, allow_infinity=False, **kw)
+
+
+# key -> values outside its declared range (NaN and inf are outside every range)
+OUT_OF_RANGE = {
+    "train.epochs": st.integers(-10**6, 0),
+    "train.global_batch_size": st.integers(-10**6, 0),
+    "train.steps_per_epoch": st.integers(-10**6, 0),
+    "train.steps_per_execution": st.integers(-10**3, 0),
+    "train.log_every_n_steps": st.integers(-10**3, 0),
+    "train.seed": st.one_of(st.integers(-10**9, -1), st.integers(2**32, 2**40)),
+    "train.optimizer.learning_rate": st.one_of(_floats(-1e6, 0), st.sampled_from([float("nan"), float("inf")])),
+    "train.optimizer.clipnorm": _floats(-1e6, 0),
+    "train.optimizer.momentum": st.one_of(_floats(1, 1e6), _floats(-1e6, 0, exclude_max=True)),
+    "mlflow.flush_every_sec": st.one_of(_floats(-1e6, 0.99), st.just(float("nan"))),
+    "mlflow.delivery_timeout_sec": _floats(-1e6, 0, exclude_max=True),
+    "data.num_examples": st.integers(-10**6, 0),
+    "data.eval_examples": st.integers(-10**6, 0),
+    "data.num_features": st.integers(-10**3, 0),
+    "data.noise": _floats(-1e6, 0, exclude_max=True),
+    "data.seed": st.integers(-10**9, -1),
+    "checkpoint.max_to_keep": st.integers(-10**3, 0),
+    "devices.logical_cpus": st.integers(-10**3, 0),
+    "cluster.start_timeout_sec": _floats(-1e6, 0),
+}
+# combinations that do not work, with what the message must name
+WRONG_COMBOS = [
+    (["strategy=mirrored", "cross_device_ops=ring"], "cross_device_ops=ring"),
+    (["strategy=one_device", "cross_device_ops=hierarchical_copy"], "cross_device_ops=hierarchical_copy"),
+    (["strategy=mirrored", "cluster=localhost"], "cluster=localhost"),
+    (["strategy=parameter_server", "cluster=localhost", "cluster.ps=0"], "cluster.ps"),
+    (["cluster=tpu"], "cluster=tpu"),
+    (["train.epochs=lots"], "train.epochs"),
+    (["train.optimizer.learning_rate=fast"], "train.optimizer.learning_rate"),
+]
+
+
+def _override(key, value):
+    return f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}"
+
+
+bad_override = st.one_of(
+    st.sampled_from(sorted(OUT_OF_RANGE)).flatmap(lambda k: OUT_OF_RANGE[k].map(lambda v: ([_override(k, v)], k))),
+    st.sampled_from(WRONG_COMBOS),
+)
+
+
+@pytest.fixture(scope="module")
+def base_cfg():
+    return composed()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(sorted(OUT_OF_RANGE)), data=st.data())
+def test_every_out_of_range_value_is_refused_naming_its_key(base_cfg, key, data):
+    value = data.draw(OUT_OF_RANGE[key])
+    cfg = base_cfg.copy()
+    OmegaConf.update(cfg, key, value, force_add=False)
+    message = assert_refused(cfg, key)
+    assert repr(value) in message or str(value) in message, message
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=bad_override)
+def test_the_cli_refuses_bad_config_in_one_paragraph(tmp_path_factory, case):
+    overrides, needle = case
+    root = tmp_path_factory.mktemp("cli")
+    result = run_runner([*overrides, "mlflow.enabled=false"], cwd=root, run_dir=root / "run", timeout=120)
+    assert result.returncode in (1, 2), result.output[-2000:]
+    assert "Traceback" not in result.output
+    assert needle in result.stderr, result.stderr[-2000:]
+    if result.returncode == 2:
+        assert len([line for line in result.stderr.splitlines() if line.startswith("Error:")]) == 1
+
+
+# Malformed .npz files: arrays of any shape and dtype, lengths that disagree, NaN/inf, text, objects, complex.
+DTYPES = st.sampled_from(["float32", "float64", "int8", "int64", "uint8", "bool", "<U2", "complex64", "float16"])
+def _any_array():
+    return DTYPES.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)))
+
+
+npz_contents = st.fixed_dictionaries(
+    {"x_train": _any_array(), "y_train": _any_array()},
+    optional={"x_eval": _any_array(), "y_eval": _any_array()},
+)
+
+
+def _well_formed(data):
+    """What training relies on, for data the checks let through."""
+    assert len(data.x_train) == len(data.y_train) > 0 and len(data.x_eval) == len(data.y_eval) > 0
+    assert data.x_train.shape[1:] == data.x_eval.shape[1:] and data.x_train.ndim >= 2
+    assert np.isfinite(data.x_train).all() and np.isfinite(data.x_eval).all()
+    if data.task == "classification":
+        for y in (data.y_train, data.y_eval):
+            assert y.dtype.kind in "iu" and y.min() >= 0 and y.max() < data.num_classes
+
+
+@settings(max_examples=150, deadline=None)
+@given(contents=npz_contents, task=st.sampled_from(["classification", "regression"]),
+       object_array=st.sampled_from([None, "x_train", "y_eval"]), batch=st.integers(1, 40))
+def test_malformed_npz_files_end_in_a_config_error_naming_the_file(contents, task, object_array, batch):
+    if object_array:
+        contents[object_array] = np.array([[1, "a"]] * 3, dtype=object)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bad.npz"
+        np.savez(path, **contents)
+        cfg = OmegaConf.merge(OmegaConf.structured(schema.NpzDataConfig), {"name": "npz", "path": str(path), "task": task})
+        train = OmegaConf.create({"global_batch_size": batch, "steps_per_epoch": None, "seed": 0})
+        try:
+            data = datasets.load(cfg)
+            build_data(cfg, data, train, num_replicas=1)
+        except ConfigError as err:
+            message = str(err)
+            assert "\n" not in message
+            assert str(path) in message or "train.global_batch_size" in message, message
+            return
+    _well_formed(data)
+
+
+# --- (b) end to end through TensorFlow: each ~6-15 s, two at a time (eval width, dtypes, labels: in-process above) -----------------------------------------------
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-npz")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 3)).astype("float32")
+    y = rng.integers(0, 2, 64)
+    np.savez(root / "short-labels.npz", x_train=x, y_train=y[:40])
+    x_nan = x.copy()
+    x_nan[5, 1] = np.nan
+    np.savez(root / "nan-features.npz", x_train=x_nan, y_train=y)
+    np.savez(root / "eval-width.npz", x_train=x, y_train=y, x_eval=rng.standard_normal((16, 5)).astype("float32"), y_eval=y[:16])
+    np.savez(root / "good.npz", x_train=x, y_train=y)
+    return root
+
+
+def _processes_mentioning(text):
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def test_bad_data_and_devices_end_failed_before_the_first_step(runner, bad_files):
+    from mlflow import MlflowClient
+
+    common = ["train.epochs=1", f"mlflow.experiment_name={EXPERIMENT}"]
+    cases = {
+        "short-labels": (["data=npz", f"data.path={bad_files}/short-labels.npz"], ["'x_train' has 64 examples but 'y_train' has 40"]),
+        "nan-features": (["data=npz", f"data.path={bad_files}/nan-features.npz"], ["'x_train' holds 1 non-finite", "[5, 1]"]),
+        "missing-device": (["strategy=mirrored", "devices.logical_cpus=2", "strategy.devices=[/cpu:0,/cpu:7]", "data=npz",
+                            f"data.path={bad_files}/good.npz"], ["strategy.devices='/cpu:7' names a device that does not exist",
+                                                                 "/device:CPU:1"]),
+    }
+    results = runner.many({name: [*args, *common] for name, (args, _) in cases.items()}, timeout=180)
+    client = MlflowClient(runner.uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    for name, (_, needles) in cases.items():
+        result = results[name]
+        assert result.returncode == 2, result.output[-3000:]
+        assert "Traceback" not in result.output, result.output[-3000:]
+        assert "Epoch 1/" not in result.output and "step 1/" not in result.output
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1, result.stderr[-3000:]
+        for needle in needles:
+            assert needle in errors[0], errors[0]
+        assert runs[name].info.status == "FAILED"
+        assert needles[0] in runs[name].data.tags["error"]
+    assert not [r for r in runs.values() if r.info.status == "RUNNING"]
+    assert not _processes_mentioning(str(bad_files))
