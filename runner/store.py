@@ -164,12 +164,12 @@ def take_over(client, run, epochs: int, output_dir: str) -> None:
                     run.data.tags[OWNER_TAGS["pid"]])
 
 
-def started(client, run, epochs: int) -> None:
+def started(client, run, epochs: Optional[int] = None) -> None:
     """This process owns `run` now: record it, and fail the runs of its experiment left RUNNING by dead processes."""
     from mlflow.entities import RunTag
 
     me = procs.identity()
-    tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + [RunTag(EPOCHS_TAG, str(epochs))]
+    tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + ([RunTag(EPOCHS_TAG, str(epochs))] if epochs else [])
     client.log_batch(run.info.run_id, tags=tags)
     fail_dead_runs(client, run.info.experiment_id, f"run {run.info.run_name} ({run.info.run_id}), pid {me['pid']}",
                    keep=run.info.run_id)

@@ -111,9 +111,10 @@ class SweepCallback(Callback):
     """Opens the parent run before the jobs, and closes it with the report after them."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from mlflow import MlflowClient
-
         import mlflow
+
+        from runner import store
+        from runner.errors import ConfigError
 
         hc = config.hydra
         sweep_dir = hc.sweep.dir
@@ -121,13 +122,17 @@ class SweepCallback(Callback):
         with open(_state(sweep_dir, "jobs"), "w") as f:
             f.write(str(total))
         uri = cfg_uri(config)
-        client = MlflowClient(uri)
-        client.search_experiments()  # creates a fresh SQLite store once, before parallel jobs race to
+        try:
+            client = store.open_client(uri)  # a fresh SQLite store created once, under a lock
+        except ConfigError as err:  # Hydra turns a callback's exception into a warning and runs the jobs anyway
+            print(f"Error: {err}", file=sys.stderr)
+            sys.exit(err.exit_code)
         mlflow.set_tracking_uri(uri)
         experiment = mlflow.set_experiment(config.mlflow.experiment_name)
         run = client.create_run(experiment.experiment_id, run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
                                 tags={"sweep.overrides": " ".join(hc.overrides.task), "sweep.jobs": str(total),
                                       "sweep.dir": os.path.abspath(sweep_dir)})
+        store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
         with open(_state(sweep_dir, "parent_run_id"), "w") as f:
             f.write(run.info.run_id)
         log.info("sweep of %d jobs; MLflow parent run %s (%s)", total, run.info.run_name, run.info.run_id)
