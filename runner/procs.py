@@ -86,3 +86,14 @@ def alive(host: str, pid: str, start: str, ns: str = "") -> Optional[bool]:
     except ValueError:
         return None
     return ticks is not None and (not start or str(ticks) == start)
+
+
+def started_at(pid: Optional[int] = None) -> Optional[float]:
+    """When the process (this one by default) started, in seconds since the epoch (to ~10 ms), or None."""
+    ticks = start_ticks(os.getpid() if pid is None else pid)
+    try:
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    return None if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")

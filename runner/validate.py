@@ -304,11 +304,49 @@ def logical_cpus_sensible(cfg):
 
 @check
 def resume_dir_exists(cfg):
-    if cfg.resume and not os.path.isdir(os.path.expanduser(str(cfg.resume))):
+    """resume= takes only a directory the runner wrote: .hydra/ plus its mlflow_run_id or checkpoints/."""
+    if not cfg.resume:
+        return
+    path = os.path.abspath(os.path.expanduser(str(cfg.resume)))
+    if not os.path.isdir(path):
         raise ConfigError(
             f"resume={cfg.resume!r}: no such directory. Pass the output directory of an earlier run "
             "(outputs/<date>/<time>, printed at its start), which holds its checkpoints/ and mlflow_run_id."
         )
+    checkpoints = cfg.checkpoint.dir or os.path.join(path, "checkpoints")
+    if os.path.isdir(os.path.join(path, ".hydra")) and (os.path.isfile(os.path.join(path, "mlflow_run_id"))
+                                                         or os.path.isdir(checkpoints)):
+        return
+    _undo_hydra_files(path)
+    raise ConfigError(
+        f"resume={cfg.resume!r} is not an output directory of the runner: it has no .hydra/ with an mlflow_run_id or "
+        "checkpoints/ beside it, so there is nothing to continue, and nothing was trained or written there. Pass the "
+        "output directory of an earlier run (outputs/<date>/<time>, printed at its start); for a new run, leave resume= out."
+    )
+
+
+def _undo_hydra_files(path: str) -> None:
+    """Hydra writes .hydra/ and runner.log into hydra.run.dir (resume=<dir> by default) before any check runs:
+    remove what this process wrote there, so a mistyped resume= leaves the user's directory as it was."""
+    import contextlib
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.procs import started_at
+
+    since = started_at()
+    if since is None or not HydraConfig.initialized() or os.path.abspath(HydraConfig.get().runtime.output_dir) != path:
+        return
+    mine = lambda f: os.path.isfile(f) and os.path.getmtime(f) >= since - 1  # noqa: E731
+    meta = os.path.join(path, ".hydra")
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        if mine(os.path.join(meta, name)):
+            os.remove(os.path.join(meta, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(meta)  # only if nothing else is in it
+    log_file = os.path.join(path, f"{HydraConfig.get().job.name}.log")
+    if mine(log_file) and os.path.getsize(log_file) == 0:
+        os.remove(log_file)
 
 
 def _local_host(host: str) -> bool:
