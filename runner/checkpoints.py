@@ -2,15 +2,20 @@
 
 Every worker saves (MultiWorkerMirroredStrategy needs all of them in the save); only the chief writes
 to the real directory, the others to a scratch one they delete. All restore from the real directory.
-Weights that hold NaN or inf are never saved, so the latest checkpoint is always a good one.
+Weights that hold NaN or inf are never saved, so the latest checkpoint is always a good one; a checkpoint damaged
+on disk (a truncated file, a broken `checkpoint` index) is skipped for the previous good one when restoring.
 """
 
+import glob
+import logging
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import List, Optional
 
-from runner.errors import TrainingError
+from runner.errors import ConfigError, TrainingError
+
+log = logging.getLogger("runner")
 
 
 class Checkpoints:
@@ -32,15 +37,64 @@ class Checkpoints:
         latest = tf.train.latest_checkpoint(self.directory)
         return int(latest.rsplit("-", 1)[-1]) if latest else None
 
-    def restore(self) -> int:
-        """The global step of the latest checkpoint (0 when there is none)."""
+    def _on_disk(self) -> List[str]:
+        """Checkpoint prefixes in the directory, newest step first, found by their files rather than through the
+        `checkpoint` index file: a damaged or missing index must not restart training from step 0."""
+        steps = {}
+        for index in glob.glob(os.path.join(glob.escape(self.directory), "*-[0-9]*.index")):
+            prefix = index[: -len(".index")]
+            tail = prefix.rsplit("-", 1)[-1]
+            if tail.isdigit():
+                steps[prefix] = int(tail)
+        return sorted(steps, key=steps.get, reverse=True)
+
+    def _indexed(self) -> Optional[str]:
         import tensorflow as tf
 
-        latest = tf.train.latest_checkpoint(self.directory)
-        if latest is None:
+        try:
+            return tf.train.latest_checkpoint(self.directory)
+        except Exception:  # a damaged index file: the files on disk decide
+            return None
+
+    def restore(self) -> int:
+        """The global step of the newest readable checkpoint (0 when there is none). A damaged newest checkpoint
+        falls back to the previous good one with a warning; when none can be read, a ConfigError names them."""
+        candidates = self._on_disk()
+        if not candidates:
             return 0
-        self._ckpt.restore(latest).expect_partial()
-        return int(self.step.numpy())
+        indexed = self._indexed()
+        if indexed is None or os.path.abspath(indexed) != os.path.abspath(candidates[0]):
+            log.warning("the checkpoint index %s is damaged or missing, or does not name the newest checkpoint; using the "
+                        "checkpoint files in the directory instead", os.path.join(self.directory, "checkpoint"))
+        damaged = []
+        for prefix in candidates:
+            try:
+                self._ckpt.restore(prefix).expect_partial()
+            except Exception as err:  # truncated or corrupt files: DataLossError, IndexError, ValueError...
+                damaged.append(f"{os.path.basename(prefix)} ({type(err).__name__}: {str(err).strip()[:150]})")
+                continue
+            if damaged or indexed is None or os.path.abspath(indexed) != os.path.abspath(prefix):
+                if damaged:
+                    log.warning("checkpoint(s) in %s could not be read: %s; resuming from the previous good one, %s",
+                                self.directory, "; ".join(damaged), os.path.basename(prefix))
+                self._point_index_at(prefix, candidates)
+            return int(self.step.numpy())
+        raise ConfigError(
+            f"no checkpoint in {self.directory} can be read: {'; '.join(damaged)}. Move the damaged ckpt-* files out of "
+            "that directory (or the whole directory, to train from step 0), then run again."
+        )
+
+    def _point_index_at(self, good: str, candidates: List[str]) -> None:
+        """The chief rewrites the index so that TensorFlow's own readers (the preemption handler restores the
+        manager's latest checkpoint) start from the good checkpoint too, not from a damaged or unlisted one."""
+        if self._scratch:
+            return
+        import tensorflow as tf
+
+        kept = list(reversed(candidates[candidates.index(good):]))[-self.manager._max_to_keep:]  # oldest first
+        tf.compat.v1.train.update_checkpoint_state(self.directory, good, all_model_checkpoint_paths=kept,
+                                                   all_model_checkpoint_timestamps=[os.path.getmtime(p + ".index") for p in kept])
+        self.manager = tf.train.CheckpointManager(self._ckpt, self.directory, max_to_keep=self.manager._max_to_keep)
 
     def weights_finite(self) -> bool:
         import tensorflow as tf
