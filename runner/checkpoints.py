@@ -19,9 +19,10 @@ log = logging.getLogger("runner")
 
 
 class Checkpoints:
-    def __init__(self, directory: str, is_chief: bool, max_to_keep: int, model, optimizer):
+    def __init__(self, directory: str, is_chief: bool, max_to_keep: int, model, optimizer, before_save=None):
         import tensorflow as tf
 
+        self.before_save = before_save  # the metrics journal, written up to this step first (runner/journal.py)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._model = model
         self._ckpt = tf.train.Checkpoint(step=self.step, model=model, optimizer=optimizer)
@@ -108,6 +109,8 @@ class Checkpoints:
                 f"one (step {self.last_step}, in {self.directory}). Lower train.optimizer.learning_rate or check the "
                 "data for NaN/inf values."
             )
+        if self.before_save is not None:  # a resume from this checkpoint then finds every earlier step journaled
+            self.before_save()
         self.step.assign(step)
         path = self.manager.save(checkpoint_number=step)
         if self._scratch:

@@ -151,7 +151,8 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
     checkpoints = None
     if cfg.checkpoint.enabled and cfg.output_dir:
         directory = cfg.checkpoint.dir or os.path.join(cfg.output_dir, "checkpoints")
-        checkpoints = Checkpoints(directory, cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer)
+        checkpoints = Checkpoints(directory, cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer,
+                                  before_save=run.sync_journal)
     job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
               cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
     result = get_executor(cfg.executor.name)(job)

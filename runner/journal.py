@@ -1,0 +1,78 @@
+"""Every metric value a run logs, appended to `<output_dir>/mlflow_journal.jsonl` about once a second, so a
+process killed with -9 loses at most that second. `resume=` (or a rerun in the directory) sends what the
+store never got, and the rerun does not log again the steps the journal already holds.
+
+Lines are `[key, value, timestamp_ms, step]`, plus `{"delivered": N}` after each batch the store took (N:
+values delivered so far, in journal order). Sending a value twice is harmless: MLflow keeps one row per
+(key, timestamp, step, value).
+"""
+
+import json
+import os
+from typing import List, Optional, Tuple
+
+FILE = "mlflow_journal.jsonl"
+BATCH = 1000  # MLflow's log_batch limit
+
+
+def path_in(directory: str) -> str:
+    return os.path.join(directory, FILE)
+
+
+class Journal:
+    """Appends rows as they are journaled; the writer is the sender thread only."""
+
+    def __init__(self, directory: str, last_step: Optional[int] = None):
+        os.makedirs(directory, exist_ok=True)
+        self.path = path_in(directory)
+        self._file = open(self.path, "a", buffering=1 << 16)
+        if last_step is not None:  # a resumed run's watermark, kept should this attempt die too
+            self._file.write(json.dumps({"last_step": last_step}) + "\n")
+            self._file.flush()
+
+    def append(self, rows: List[Tuple]) -> None:
+        if rows:
+            self._file.write("".join(json.dumps(row) + "\n" for row in rows))
+            self._file.flush()  # into the page cache: survives the process, not a power cut
+
+    def delivered(self, total: int) -> None:
+        self._file.write(json.dumps({"delivered": total}) + "\n")
+        self._file.flush()
+
+    def close(self, remove: bool) -> None:
+        self._file.close()
+        if remove:
+            os.remove(self.path)
+
+
+def read(directory: Optional[str]):
+    """(rows not yet delivered, the largest step journaled) of a journal left behind, or ([], None)."""
+    if not directory or not os.path.isfile(path_in(directory)):
+        return [], None
+    rows, delivered, steps = [], 0, []
+    with open(path_in(directory)) as f:
+        for line in f:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:  # the last line, cut by the kill
+                continue
+            if isinstance(item, dict):
+                delivered = int(item.get("delivered", delivered))
+                steps += [item["last_step"]] if "last_step" in item else []
+            elif isinstance(item, list) and len(item) == 4:
+                rows.append(tuple(item))
+    last_step = max([row[3] for row in rows] + steps, default=None)
+    return rows[delivered:], last_step
+
+
+def deliver(client, run_id: str, directory: str) -> Tuple[int, Optional[int]]:
+    """Send what a journal left behind holds beyond its last delivery, then remove it.
+    Returns (values sent, the largest step it held)."""
+    from mlflow.entities import Metric
+
+    rows, last_step = read(directory)
+    for i in range(0, len(rows), BATCH):
+        client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows[i:i + BATCH]])
+    if os.path.exists(path_in(directory)):
+        os.remove(path_in(directory))
+    return len(rows), last_step

@@ -1,0 +1,42 @@
+"""Metrics survive a kill -9: the journal holds what was logged up to about a second before, and resume=
+delivers it first, so the run's history ends whole, with no gap and no step twice."""
+
+import re
+import signal
+import time
+
+from conftest import LiveRun, run_runner
+
+# A custom loop with a loss every 5 steps and MLflow's flush far away (30 s): a kill lands before any delivery.
+ARGS = ["executor=custom_loop", "train.epochs=1", "train.steps_per_epoch=6000", "train.log_every_n_steps=5",
+        "data.num_examples=2048", "checkpoint.every_n_steps=200", "mlflow.experiment_name=journal"]
+
+
+def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_history(runner):
+    from mlflow import MlflowClient
+
+    from runner.journal import read
+
+    run_dir = runner.root / "runs" / "journal-kill9"
+    live = LiveRun([*ARGS, "mlflow.run_name=journal-kill9"], runner.root, run_dir, runner.uri)
+    live.wait_for(lambda l: re.search(r"step (\d+)/6000", l) and int(re.search(r"step (\d+)/6000", l).group(1)) >= 300, 180)
+    before = max(int(m.group(1)) for l in live.lines if (m := re.search(r"step (\d+)/6000", l)))
+    time.sleep(1.2)  # the journal is written every second: everything up to `before` must be in it
+    live.proc.send_signal(signal.SIGKILL)
+    live.finish(timeout=30)
+
+    pending, logged_through = read(str(run_dir))
+    assert logged_through is not None and logged_through >= before, (logged_through, before)
+    assert {row[3] for row in pending if row[0] == "loss"} >= set(range(5, before + 1, 5))  # never delivered, kept
+
+    client = MlflowClient(runner.uri)
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    resumed = run_runner([*ARGS, f"resume={run_dir}"], cwd=runner.root, run_dir=run_dir, tracking_uri=runner.uri)
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert f"steps up to {logged_through} logged" in resumed.output
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run_id, "loss")]
+    assert sorted(steps) == list(range(5, 6001, 5)), ("every logged step once: no gap, no step twice",
+                                                      sorted(set(range(5, 6001, 5)) ^ set(steps))[:20], resumed.output[-3000:])
+    assert not (run_dir / "mlflow_journal.jsonl").exists()  # a run that ended with everything delivered keeps none
