@@ -109,20 +109,22 @@ def main(argv=None):
     p.add_argument("--tracking-uri", default=None, help="where to log the figures (default: ./mlflow.db)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)}: rerun only these, e.g. with more --rounds")
-    p.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES), help="rows of the hand-written comparison")
+    p.add_argument("--strategies", default=None,
+                   help=f"rows of the hand-written comparison (default: {','.join(s for s, _ in STRATEGIES)}; --quick: the first)")
     args = p.parse_args(argv)
     sections = args.sections.split(",")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         p.error(f"--sections: unknown {unknown}; choose from {','.join(SECTIONS)}")
-    chosen = args.strategies.split(",")
+    quick_default = STRATEGIES[0][0] if args.quick else ",".join(s for s, _ in STRATEGIES)
+    chosen = (args.strategies or quick_default).split(",")
     if set(chosen) - {s for s, _ in STRATEGIES}:
         p.error(f"--strategies: choose from {','.join(s for s, _ in STRATEGIES)}")
     if args.quick:
         args.rounds, args.steps = 1, 20
     workdir = tempfile.mkdtemp(prefix="runner-bench-")
     b = Bench(args.steps, args.global_batch, args.rounds, workdir)
-    strategies = STRATEGIES[:1] if args.quick else [(s, n) for s, n in STRATEGIES if s in chosen]
+    strategies = [(s, n) for s, n in STRATEGIES if s in chosen]
     full = sections == SECTIONS and len(chosen) == len(STRATEGIES)
     args.out = args.out or (os.path.join(HERE, "..", "docs", "benchmarks.md") if full else "benchmarks-partial.md")
     figures, lines = {}, []

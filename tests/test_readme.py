@@ -1,0 +1,489 @@
+"""README is a contract: every command in its ```bash blocks runs here, or is listed with the reason it cannot.
+
+The commands are parsed from README.md, never copied: a new or changed command is found by
+test_every_readme_command_has_a_test, and must match a kind below. Each command runs as written, with only
+step-count and output-directory overrides added (TINY, hydra.run.dir / hydra.sweep.dir, --out), in a scratch
+working directory (so README's default store, ./mlflow.db, is a fresh one there), and is checked for what
+README says it does: exit code, MLflow runs and metrics, files written.
+"""
+
+import itertools
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+README = ROOT / "README.md"
+TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
+GROUPS = {p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != "hydra"}
+
+
+def readme_commands():
+    """Each command of README's ```bash blocks as a token list (continuations joined, comments dropped)."""
+    commands, block, lines = [], False, README.read_text().splitlines()
+    pending = ""
+    for line in lines:
+        if line.startswith("```"):
+            block = line.strip() == "```bash"
+            continue
+        if not block:
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        tokens = shlex.split(pending + line, comments=True)
+        pending = ""
+        if tokens:
+            commands.append(tokens)
+    return commands
+
+
+def key(tokens):
+    return " ".join(tokens)
+
+
+# --- kinds of command: (name, does it match, reason it cannot run here or None) -------------------------------
+def _runner_args(tokens):
+    """The arguments after `python -m runner` (None when the command is not the runner's)."""
+    for i in range(len(tokens) - 2):
+        if tokens[i].endswith("python") and tokens[i + 1:i + 3] == ["-m", "runner"]:
+            return tokens[i + 3:]
+    return None
+
+
+def _setup_steps(tokens):
+    return [list(g) for k, g in itertools.groupby(tokens, lambda t: t == "&&") if not k]
+
+
+def kind_of(tokens):
+    """(kind, reason to skip or None)."""
+    if "&&" in tokens:
+        last = _setup_steps(tokens)[-1]
+        if last[-3:-1] == ["-m", "pytest"] or last[1:3] == ["-m", "pytest"]:
+            return "setup-tests", ("the suite's own command: .ci/run runs it on a clean clone (checked below); running it "
+                                   "from inside the suite would recurse")
+        return "setup", None
+    if tokens[0] == "srun":
+        return "slurm", "needs a Slurm cluster (srun); none is installed here (issue 18 brings a real one to the tests)"
+    if tokens[:3] == ["python", "-m", "runner.dashboard"]:
+        return "dashboard", None
+    if tokens[:3] == ["python", "-m", "runner.deliver"]:
+        return "deliver", None
+    if tokens[:3] == ["python", "-m", "benchmarks.gpu_scaling"]:
+        return "gpu-benchmark", None  # runs: on a machine without GPUs it must refuse clearly
+    if tokens[:3] == ["python", "-m", "benchmarks.run"]:
+        return "benchmark-run", None
+    if tokens[:2] == ["python", "-m"] and tokens[2].startswith("benchmarks."):
+        return "benchmark-loop", None
+    args = _runner_args(tokens)
+    if args is None:
+        return "unknown", None
+    if "-m" in args:
+        if any(a.startswith("hydra/launcher=submitit_slurm") for a in args):
+            return "slurm", "submits to a Slurm cluster through submitit; none is installed here"
+        return "sweep", None
+    if "--help" in args:
+        return "help", None
+    if "--cfg" in args:
+        return "cfg", None
+    if "strategy=tpu" in args:
+        return "tpu", None  # runs: without a TPU README promises an error within seconds
+    if "cluster=localhost" in args:
+        return ("resume" if any(a.startswith("resume=") for a in args) else "cluster"), None
+    if tokens[0].startswith("PYTHONPATH="):
+        return "user-config", None
+    return "train", None
+
+
+COMMANDS = readme_commands()
+
+
+def test_every_readme_command_has_a_test():
+    assert len(COMMANDS) >= 25, "README's commands were not found: has its ```bash layout changed?"
+    unknown = [key(c) for c in COMMANDS if kind_of(c)[0] == "unknown"]
+    assert not unknown, f"README commands with no test in tests/test_readme.py: {unknown}"
+
+
+def test_ci_runs_the_readme_setup():
+    """The two set-up commands README starts with are what .ci/run does on a clean clone."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    setups = [c for c in COMMANDS if kind_of(c)[0] in ("setup", "setup-tests")]
+    assert len(setups) == 2
+    assert "python3.11 -m venv .venv" in ci and '.venv/bin/pip install -q -e ".[test]"' in ci
+    tests = _setup_steps(setups[1])
+    assert " ".join(tests[-1]) in ci.replace(" -q -e", " -e")  # the same pytest command
+
+
+# --- running them ----------------------------------------------------------------------------------------------
+def _env():
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TF_CONFIG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _python(tokens):
+    """The command's argv with this interpreter for `python` / `.venv/bin/python`."""
+    out = []
+    for t in tokens:
+        out.append(sys.executable if t in ("python", ".venv/bin/python") else t)
+    return out
+
+
+class Scratch:
+    """A working directory with a fresh (initialised) ./mlflow.db, where README's commands run."""
+
+    def __init__(self, root: Path):
+        from mlflow import MlflowClient
+
+        self.root = root
+        self.uri = f"sqlite:///{root}/mlflow.db"
+        MlflowClient(self.uri).search_experiments()
+        self.client = MlflowClient(self.uri)
+        self.counter = itertools.count()
+
+    def dir(self, label):
+        return self.root / "out" / f"{next(self.counter):02d}-{re.sub(r'[^a-z0-9]+', '-', label.lower())[:40]}"
+
+    def run(self, argv, timeout=600, cwd=None, env_extra=None):
+        env = _env()
+        env.update(env_extra or {})
+        started = time.monotonic()
+        proc = subprocess.run(argv, cwd=cwd or self.root, env=env, capture_output=True, text=True, timeout=timeout)
+        proc.seconds = time.monotonic() - started
+        return proc
+
+
+def _ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def _run_of(scratch, run_dir):
+    run_id = (Path(run_dir) / "mlflow_run_id").read_text().strip()
+    return scratch.client.get_run(run_id)
+
+
+def _overrides(args):
+    return [a for a in args if "=" in a and not a.startswith(("-", "hydra"))]
+
+
+def check_training(scratch, args, result):
+    """What README says a run does: exit 0, Hydra's output directory, one FINISHED MLflow run with the config as
+    params, the documented metrics and artifacts; N replicas of logical CPUs for mirrored / central_storage."""
+    proc, run_dir = result
+    _ok(proc)
+    for name in (".hydra/config.yaml", "runner.log", "model.keras"):
+        assert (run_dir / name).exists(), f"{name} missing in {run_dir}"
+    run = _run_of(scratch, run_dir)
+    assert run.info.status == "FINISHED"
+    params, metrics = run.data.params, run.data.metrics
+    for override in _overrides(args):
+        k, v = override.split("=", 1)
+        if k in GROUPS:
+            if k != "experiment" and f"{k}.name" in params:
+                assert params[f"{k}.name"] == v, (k, params[f"{k}.name"], v)
+        elif k in params and not k.startswith("train.steps_per_epoch"):
+            assert params[k] == v or params[k] == str(yaml.safe_load(v)), (k, params[k], v)
+    for metric in ("loss", "throughput/examples_per_sec", "time/train_sec", "eval/loss", "loss/replica_0"):
+        assert metric in metrics, f"{metric} not logged; have {sorted(metrics)}"
+    replicas = int(run.data.tags["num_replicas_in_sync"])
+    if params["strategy.name"] in ("mirrored", "central_storage"):
+        assert replicas == int(params["devices.logical_cpus"])
+    assert f"loss/replica_{replicas - 1}" in metrics and f"loss/replica_{replicas}" not in metrics
+    artifacts = {a.path for a in scratch.client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "overrides.txt", "model"} <= artifacts, artifacts
+
+
+def run_training(scratch, tokens):
+    args = _runner_args(tokens)
+    run_dir = scratch.dir(key(args) or "default")
+    proc = scratch.run([*_python(tokens), *TINY, f"hydra.run.dir={run_dir}"])
+    return proc, run_dir
+
+
+def run_user_config(scratch, tokens):
+    """README's own-model example: its YAML block written to myconf/, its model function importable from cwd."""
+    text = README.read_text()
+    block = re.search(r"```yaml\n# (myconf/\S+)\n(.*?)```", text, re.S)
+    assert block, "README's myconf/ YAML example not found"
+    project = scratch.root / "user-project"
+    (project / Path(block.group(1)).parent).mkdir(parents=True, exist_ok=True)
+    (project / block.group(1)).write_text(block.group(2))
+    target = yaml.safe_load(block.group(2))["_target_"]
+    module = target.split(".")[0]
+    (project / f"{module}.py").write_text((ROOT / "tests" / "user_project" / f"{module}.py").read_text())
+    env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
+    argv = [t for t in tokens if not re.match(r"^[A-Z_]+=", t)]
+    run_dir = scratch.dir("user-model")
+    proc = scratch.run([*_python(argv), *TINY, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={scratch.uri}"],
+                       cwd=project, env_extra={k: str(project) if v == "." else v for k, v in env.items()})
+    return proc, run_dir
+
+
+def run_cluster(scratch, tokens):
+    args = _runner_args(tokens)
+    run_dir = scratch.dir(key(args))
+    proc = scratch.run([*_python(tokens), *TINY, f"hydra.run.dir={run_dir}"], timeout=300)
+    return proc, run_dir
+
+
+def check_cluster(scratch, args, result):
+    proc, run_dir = result
+    _ok(proc)
+    run = _run_of(scratch, run_dir)
+    assert run.info.status == "FINISHED"
+    tasks = run.data.tags["cluster.tasks"].split(",")
+    opts = dict(a.split("=", 1) for a in _overrides(args))
+    workers, ps = int(opts.get("cluster.workers", 2)), int(opts.get("cluster.ps", 0))
+    assert sum(t.startswith("worker:") for t in tasks) == workers and sum(t.startswith("ps:") for t in tasks) == ps
+    metrics = run.data.metrics
+    assert "loss" in metrics and any(m.startswith("summary/") for m in metrics), sorted(metrics)
+    if opts["strategy"] == "multi_worker_mirrored":  # every replica of the cluster, logged by worker 0
+        assert {f"loss/replica_{i}" for i in range(workers)} <= set(metrics)
+        assert any(f"[worker:{i}]" in proc.stdout for i in range(workers))
+    if opts["strategy"] == "parameter_server" and opts.get("executor") == "custom_loop":
+        assert {f"steps/worker_{i}" for i in range(workers)} <= set(metrics), sorted(metrics)
+    if opts.get("cluster.evaluator") == "true":
+        assert any(m.startswith("sidecar/eval_") for m in metrics), sorted(metrics)
+    for i in range(workers):
+        assert (run_dir / f"worker-{i}" / "runner.log").exists()
+
+
+def run_resume(scratch, tokens, results):
+    """resume=<the dir of README's cluster run of the same strategy>, for one more epoch: the same MLflow run
+    goes on from the checkpoint's step."""
+    args = _runner_args(tokens)
+    strategy = next(a for a in args if a.startswith("strategy="))
+    earlier = next(k for k, (kind, _) in KINDS.items() if kind == "cluster" and strategy in k.split())
+    _, run_dir = results(earlier)
+    before = _run_of(scratch, run_dir)
+    argv = [re.sub(r"^resume=.*", f"resume={run_dir}", t) for t in _python(tokens)]
+    proc = scratch.run([*argv, "train.epochs=2", "train.steps_per_epoch=2"], timeout=300)
+    return proc, run_dir, before
+
+
+def check_resume(scratch, args, result):
+    proc, run_dir, before = result
+    _ok(proc)
+    run = _run_of(scratch, run_dir)
+    assert run.info.run_id == before.info.run_id, "resume= must continue the same MLflow run"
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in scratch.client.get_metric_history(run.info.run_id, "loss")]
+    assert max(steps) == 4 and len(steps) == len(set(steps)), f"steps logged: {steps}"
+
+
+def run_sweep(scratch, tokens):
+    sweep_dir = scratch.dir("sweep-" + key(_runner_args(tokens)))
+    proc = scratch.run([*_python(tokens), *TINY, f"hydra.sweep.dir={sweep_dir}"], timeout=900)
+    return proc, sweep_dir
+
+
+def expected_jobs(args):
+    lists = [a.split("=", 1)[1].split(",") for a in args if "=" in a and not a.startswith("hydra")]
+    presets = [a.split("=", 1)[1] for a in args if a.startswith("experiment=")]
+    for name in presets:
+        preset = yaml.safe_load((ROOT / "conf" / "experiment" / f"{name}.yaml").read_text())
+        lists += [str(v).split(",") for v in preset["hydra"]["sweeper"]["params"].values()]
+    return len(list(itertools.product(*lists)))
+
+
+def check_sweep(scratch, args, result):
+    proc, sweep_dir = result
+    _ok(proc)
+    parents = scratch.client.search_runs(
+        [e.experiment_id for e in scratch.client.search_experiments()],
+        filter_string=f"tags.`sweep.dir` = '{os.path.abspath(sweep_dir)}'")
+    assert len(parents) == 1, f"one parent run per sweep, found {len(parents)}"  # no job became a sweep of its own
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    children = scratch.client.search_runs([parent.info.experiment_id],
+                                          filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == expected_jobs(args) == int(parent.data.tags["sweep.jobs"])
+    assert all(c.info.status == "FINISHED" for c in children)
+    for name in ("report.csv", "report.md", "throughput.png", "loss_curves.png", "scaling_efficiency.png"):
+        assert (sweep_dir / name).exists(), f"{name} missing in {sweep_dir}"
+    assert not (scratch.root / "multirun").exists(), "a job started a sweep of its own"
+    assert f"job #{len(children) - 1} ({len(children)} of {len(children)})" in proc.stdout
+
+
+def run_cfg(scratch, tokens):
+    return scratch.run(_python(tokens), timeout=60)
+
+
+def check_cfg(scratch, args, proc):
+    _ok(proc)
+    composed = yaml.safe_load(proc.stdout)
+    for override in _overrides(args):
+        k, v = override.split("=", 1)
+        assert composed[k]["name"] == v if k in GROUPS else True
+    assert proc.seconds < 10  # no TensorFlow import (its import alone is ~4 s)
+
+
+def check_help(scratch, args, proc):
+    _ok(proc)
+    for group in GROUPS - {"schema"}:
+        assert group in proc.stdout, f"--help does not mention the {group} group"
+
+
+def check_tpu(scratch, args, proc):
+    """README: without a TPU the runner stops in seconds, with an error saying what to use instead."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    error = proc.stderr[proc.stderr.index("Error:"):]
+    assert "cluster.tpu" in error and "strategy=mirrored" in error
+    assert proc.seconds < 60
+
+
+def run_tpu(scratch, tokens):
+    proc = scratch.run([*_python(tokens), f"hydra.run.dir={scratch.dir('tpu')}"], timeout=120)
+    return proc
+
+
+def run_dashboard(scratch, tokens):
+    """Start it on a free port (README's --port), read the address it prints, load the page, stop it with Ctrl-C."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*_python(tokens), "--port", str(port)], cwd=scratch.root, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        line, deadline = "", time.monotonic() + 90
+        while "http://" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+        url = re.search(r"http://\S+", line).group(0) if "http://" in line else None
+        page = None
+        if url:
+            for _ in range(60):
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as r:
+                        page = r.status
+                        break
+                except OSError:
+                    time.sleep(0.5)
+        return url, page, str(scratch.root / "mlflow.db")
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the dashboard did not stop on Ctrl-C")
+
+
+def check_dashboard(scratch, args, result):
+    url, page, _ = result
+    assert url and "workflowType=machine_learning" in url, url
+    assert page == 200
+
+
+def run_deliver(scratch, tokens, results):
+    """README's deliver command on the output directory of README's first run (nothing left to deliver)."""
+    default = next(k for k, (kind, _) in KINDS.items() if kind == "train")
+    _, run_dir = results(default)
+    argv = [*_python(tokens[:3]), str(run_dir), *tokens[4:]]
+    return scratch.run(argv, timeout=120)
+
+
+def check_deliver(scratch, args, proc):
+    _ok(proc)
+
+
+def run_benchmark(scratch, tokens):
+    out = scratch.dir("bench") / "benchmarks.md"
+    out.parent.mkdir(parents=True)
+    if tokens[2] == "benchmarks.run":
+        extra = ["--quick", f"--out={out}", f"--tracking-uri={scratch.uri}"]
+    else:
+        extra = ["--rounds=1", "--calls=2"]
+    proc = scratch.run([*_python(tokens), *extra], cwd=ROOT, timeout=900)
+    return proc, out
+
+
+def check_benchmark(scratch, args, result):
+    proc, out = result
+    _ok(proc)
+    if "benchmarks.run" in args:
+        text = out.read_text()
+        sections = ["Runner vs hand-written"]
+        if "--sections" not in args:  # the whole run: every section, and its figures in MLflow
+            sections += ["MLflow logging on vs off", "Steps per tf.function call", "Input pipeline",
+                         "`python -m runner --cfg job`", "Machine:"]
+            (run,) = scratch.client.search_runs([scratch.client.get_experiment_by_name("benchmarks").experiment_id])
+            assert run.data.metrics["ratio/default/fit"] > 0 and run.data.metrics["wall/cfg_job_sec"] > 0
+        for section in sections:
+            assert section in text, f"{section!r} missing from {out}"
+        if "--strategies" in args:
+            chosen = args[args.index("--strategies") + 1]
+            assert f"| {chosen}" in text or chosen in text
+    else:
+        assert sum(line.startswith("| ") for line in proc.stdout.splitlines()) >= 3, proc.stdout[-2000:]
+
+
+def check_gpu_benchmark(scratch, args, proc):
+    """On a machine without GPUs it refuses, saying what to run instead."""
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "needs NVIDIA GPUs" in proc.stderr and "benchmarks.run" in proc.stderr
+
+
+RUNNERS = {
+    "setup": lambda s, t: run_training(s, _setup_steps(t)[-1]),
+    "train": run_training, "user-config": run_user_config, "cluster": run_cluster, "sweep": run_sweep,
+    "cfg": run_cfg, "help": run_cfg, "tpu": run_tpu, "dashboard": run_dashboard,
+    "benchmark-run": run_benchmark, "benchmark-loop": run_benchmark,
+    "gpu-benchmark": lambda s, t: s.run(_python(t), cwd=ROOT, timeout=120),
+}
+DEPENDENT = {"resume": run_resume, "deliver": run_deliver}
+CHECKS = {
+    "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
+    "train": check_training, "user-config": check_training, "cluster": check_cluster, "resume": check_resume,
+    "sweep": check_sweep, "cfg": check_cfg, "help": check_help, "tpu": check_tpu, "dashboard": check_dashboard,
+    "deliver": check_deliver, "benchmark-run": check_benchmark, "benchmark-loop": check_benchmark,
+    "gpu-benchmark": check_gpu_benchmark,
+}
+KINDS = {key(c): kind_of(c) for c in COMMANDS}
+TOKENS = {key(c): c for c in COMMANDS}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every runnable README command, two at a time (2 cores); dependent ones after what they depend on."""
+    scratch = Scratch(tmp_path_factory.mktemp("readme"))
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {}
+    for k, (kind, reason) in KINDS.items():
+        if reason is None and kind in RUNNERS:
+            futures[k] = pool.submit(RUNNERS[kind], scratch, TOKENS[k])
+
+    def result(k):
+        return futures[k].result()
+
+    for k, (kind, reason) in KINDS.items():
+        if reason is None and kind in DEPENDENT:
+            futures[k] = pool.submit(DEPENDENT[kind], scratch, TOKENS[k], result)
+    yield scratch, result
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("command", list(KINDS), ids=[re.sub(r"\s+", " ", k)[:90] for k in KINDS])
+def test_readme_command(command, results):
+    kind, reason = KINDS[command]
+    if reason:
+        pytest.skip(f"{command}: {reason}")
+    scratch, result = results
+    tokens = TOKENS[command]
+    args = tokens if kind in ("setup", "dashboard", "deliver") or kind.startswith(("benchmark", "gpu")) else _runner_args(tokens)
+    CHECKS[kind](scratch, args, result(command))
