@@ -10,11 +10,10 @@ import gc
 import logging
 import os
 import platform
-import sys
 
 from omegaconf import DictConfig
 
-from runner import datasets, procs, stopping
+from runner import datasets, stopping
 from runner.env import native_stderr_captured
 from runner.tracking import NullRun, mlflow_run
 
@@ -58,23 +57,6 @@ def task_role(strategy_name: str, cluster) -> str:
     return "trainer"
 
 
-@contextlib.contextmanager
-def deadline(seconds: float, what: str, run):
-    """Strategy constructors wait silently (and GIL-bound) for absent peers: a watchdog process stops us instead."""
-    import subprocess
-
-    message = f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?"
-    mlflow_args = [run.run_id or "", "owner" if getattr(run, "owner", False) else "attached"]
-    env = dict(os.environ, MLFLOW_TRACKING_URI=getattr(run, "tracking_uri", ""))  # not in argv: it may hold credentials
-    watchdog = procs.popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(seconds), message, *mlflow_args],
-                           stdin=subprocess.PIPE, env=env)  # dies with us, even on SIGKILL (main thread: _train)
-    try:
-        yield
-    finally:
-        watchdog.stdin.close()
-        watchdog.wait()
-
-
 def serve(tf, cluster) -> dict:
     """A ps or parameter-server worker task: run a tf.distribute.Server until stopped."""
     server = tf.distribute.Server(
@@ -109,11 +91,11 @@ def run_experiment(cfg: DictConfig) -> dict:
     stopping.install()  # Ctrl-C / SIGTERM: checkpoint at a step boundary, run KILLED (servers keep the defaults)
     logs = cluster.is_chief and cfg.mlflow.enabled
     run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
-    with run_context as run:
-        return _train(cfg, tf, devices, cluster, run)
+    with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
+        return _train(cfg, tf, devices, cluster, run, sentinel)
 
 
-def _train(cfg, tf, devices, cluster, run) -> dict:
+def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     import tf_keras
 
     from runner.builders.data import build_data
@@ -124,7 +106,8 @@ def _train(cfg, tf, devices, cluster, run) -> dict:
     from runner.executors.base import done_line
 
     waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
-    with deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster", run) if waiting else contextlib.nullcontext():
+    joining = sentinel.deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster")
+    with joining if waiting else contextlib.nullcontext():
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
     replicas = strategy.num_replicas_in_sync
     placed = strategy_devices(strategy, devices)

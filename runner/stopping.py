@@ -8,10 +8,16 @@ training, or on a second Ctrl-C, Stopped is raised at once. (TPUStrategy and GCE
 handler works differently, take the same single-worker path as parameter_server.)
 """
 
+import contextlib
+import json
 import logging
+import os
 import signal
+import subprocess
+import sys
 import threading
 
+from runner import procs
 from runner.errors import RunnerError
 
 log = logging.getLogger("runner")
@@ -48,6 +54,53 @@ def install() -> None:
 
 def requested() -> bool:
     return bool(_received)
+
+
+class Sentinel:
+    """`with Sentinel(run, output_dir) as sentinel:` starts runner/watchdog.py, which stops this process when
+    TensorFlow blocks it in C++ (where no Python code, signal handlers included, can run): a second Ctrl-C or
+    SIGTERM that is not acted on within seconds, or `sentinel.deadline(...)` that passes. Main thread only."""
+
+    def __init__(self, run, output_dir):
+        self.run, self.output_dir = run, output_dir
+
+    def __enter__(self):
+        read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        env = dict(os.environ, MLFLOW_TRACKING_URI=getattr(self.run, "tracking_uri", "") or "")  # not in argv: credentials
+        self.proc = procs.popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(read)],
+                                stdin=subprocess.PIPE, env=env, pass_fds=(read,), text=True)
+        os.close(read)
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self.send("run", self.run.run_id or "", "owner" if getattr(self.run, "owner", False) else "attached",
+                  str(self.output_dir or ""))
+        return self
+
+    def send(self, *words) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(list(words)) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # it is gone: nothing to tell
+            pass
+
+    @contextlib.contextmanager
+    def deadline(self, seconds: float, what: str):
+        """Around a call that can block in C++: past `seconds`, the sentinel ends the run FAILED with this message."""
+        self.send("deadline", seconds,
+                  f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?")
+        try:
+            yield
+        finally:
+            self.send("clear")
+
+    def __exit__(self, *exc):
+        signal.set_wakeup_fd(self._previous)
+        os.close(self._write)
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait()
 
 
 class StopGuard:

@@ -228,6 +228,35 @@ def test_a_peer_that_never_starts_stops_the_task_in_bounded_time(runner, tmp_pat
     assert run.info.status == "FAILED" and "start_timeout_sec" in run.data.tags["error"]
 
 
+def test_ctrl_c_stops_a_task_blocked_in_tensorflow_within_seconds(runner, tmp_path):
+    """Joining a cluster whose peer never starts, TensorFlow holds the GIL in C++: no signal handler of the process
+    can run. The sentinel (runner/watchdog.py) acts for it: killed seconds after Ctrl-C, run KILLED, nothing left."""
+    from runner.launcher import free_ports
+
+    spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}  # worker 1 is never started
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}}), RUNNER_LAUNCH_ID="blocked",
+               PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=tf_config",
+            f"mlflow.experiment_name={EXPERIMENT}-blocked", "mlflow.run_name=blocked",
+            f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/w0"]
+    proc = subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "MultiWorkerMirrored" in line or "MLflow run" in line:
+            break
+    time.sleep(3)  # inside the strategy's constructor, waiting for worker 1
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - signalled < 20, "a second Ctrl-C must end the process within seconds"
+    assert proc.returncode == -signal.SIGKILL and "Stopped: SIGINT received" in err and "Traceback" not in err, err[-2000:]
+    _, run = mlflow_run_by_name(runner.uri, f"{EXPERIMENT}-blocked", "blocked")
+    assert run.info.status == "KILLED"
+    # and the autouse fixture checks that nothing carrying RUNNER_LAUNCH_ID (the sentinel included) is left
+
+
 def test_ctrl_c_stops_every_task_and_marks_the_run_killed(runner):
     args = [*MWMS, *_long("custom_loop"), f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=interrupted"]
     live = LiveRun(args, runner.root, runner.root / "runs" / "interrupted", runner.uri)
