@@ -249,7 +249,7 @@ def check_cluster(scratch, args, result):
     workers, ps = int(opts.get("cluster.workers", 2)), int(opts.get("cluster.ps", 0))
     assert sum(t.startswith("worker:") for t in tasks) == workers and sum(t.startswith("ps:") for t in tasks) == ps
     metrics = run.data.metrics
-    assert "loss" in metrics and any(m.startswith("summary/") for m in metrics), sorted(metrics)
+    assert "loss" in metrics and "loss/replica_0" in metrics, sorted(metrics)
     if opts["strategy"] == "multi_worker_mirrored":  # every replica of the cluster, logged by worker 0
         assert {f"loss/replica_{i}" for i in range(workers)} <= set(metrics)
         assert any(f"[worker:{i}]" in proc.stdout for i in range(workers))
@@ -422,8 +422,9 @@ def check_benchmark(scratch, args, result):
         if "--sections" not in args:  # the whole run: every section, and its figures in MLflow
             sections += ["MLflow logging on vs off", "Steps per tf.function call", "Input pipeline",
                          "`python -m runner --cfg job`", "Machine:"]
-            (run,) = scratch.client.search_runs([scratch.client.get_experiment_by_name("benchmarks").experiment_id])
-            assert run.data.metrics["ratio/default/fit"] > 0 and run.data.metrics["wall/cfg_job_sec"] > 0
+            runs = scratch.client.search_runs([scratch.client.get_experiment_by_name("benchmarks").experiment_id])
+            assert any(r.data.metrics.get("ratio/default/fit", 0) > 0 and r.data.metrics.get("wall/cfg_job_sec", 0) > 0
+                       for r in runs)
         for section in sections:
             assert section in text, f"{section!r} missing from {out}"
         if "--strategies" in args:
