@@ -4,7 +4,12 @@ from runner import env
 
 env.prepare()
 
+from runner import teardown  # noqa: E402
 from runner.app import main  # noqa: E402  (env must be prepared before anything touches TensorFlow)
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as done:  # Hydra and the runner exit through SystemExit; the code is kept
+        teardown.exit(done.code)
+    teardown.exit(0)

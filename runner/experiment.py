@@ -13,7 +13,7 @@ import platform
 
 from omegaconf import DictConfig
 
-from runner import datasets, stopping
+from runner import datasets, phases, stopping
 from runner.env import native_stderr_captured
 from runner.tracking import NullRun, mlflow_run
 
@@ -78,6 +78,7 @@ def strategy_devices(strategy, devices):
 
 def run_experiment(cfg: DictConfig) -> dict:
     tf, devices = _import_tensorflow(cfg.devices)
+    phases.mark("imports")  # Hydra, validation, TensorFlow
     from runner.builders.cluster import build_cluster
 
     cluster = build_cluster(cfg.cluster)
@@ -92,7 +93,11 @@ def run_experiment(cfg: DictConfig) -> dict:
     logs = cluster.is_chief and cfg.mlflow.enabled
     run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
     with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
-        return _train(cfg, tf, devices, cluster, run, sentinel)
+        phases.mark("mlflow start")
+        summary = _train(cfg, tf, devices, cluster, run, sentinel)
+    phases.mark("mlflow end")  # the last metrics delivered, the run ended
+    log.info(phases.summary())
+    return summary
 
 
 def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
@@ -138,11 +143,13 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
                                   before_save=run.sync_journal)
     job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
               cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
+    phases.mark("build")  # strategy, data, model
     result = get_executor(cfg.executor.name)(job)
     if cfg.save_model and cluster.is_chief and cfg.output_dir:
         path = os.path.join(cfg.output_dir, "model.keras")
         model.save(path)
         run.log_artifact(path, "model")
         log.info("model saved to %s", path)
+    phases.mark("save")
     log.info(done_line(result, result.summary))
     return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval, **result.summary}

@@ -7,7 +7,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Protocol, Sequence
 
-from runner import STARTED
+from runner import STARTED, phases, teardown
 from runner.errors import TrainingError
 
 log = logging.getLogger("runner")
@@ -70,8 +70,8 @@ def concrete_per_iterator(fn):
     handles: 100-200 us of a 0.5 ms step on one device, and 300-500 us per call for a 4-replica distributed
     iterator (benchmarks/call_overhead.py). The iterator's handles are the same for its whole life, so they
     are flattened once, and each call passes them with the tensors to the concrete function, as tf.function
-    itself does after matching. The iterator is held weakly and its handles are dropped with it, so the input
-    pipeline is not kept alive after training.
+    itself does after matching. The iterator is kept until the process ends (runner/teardown.py: destroying it
+    can block for seconds).
     """
     bound = {}
 
@@ -81,6 +81,7 @@ def concrete_per_iterator(fn):
             ref = weakref.ref(iterator, lambda _: bound.clear())
         except TypeError:  # not weak-referenceable: keep tf.function's own dispatch
             return None
+        teardown.keep(iterator)
         concrete = fn.get_concrete_function(iterator, *args)
         flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(iterator, *args))
         handles = flat[:len(flat) - len(args)]
@@ -122,6 +123,7 @@ class Throughput:
         now = time.perf_counter()
         if self.first_step_sec is None:
             self.first_step_sec = now - self._start
+            phases.mark("first step")  # tracing included
             self.to_first_step_sec = now - STARTED
             self._warm_time = self._window_time = now
             self._warm_step = self._window_step = step

@@ -8,6 +8,7 @@ scheduled on the workers through a ClusterCoordinator (runner/executors/ps_loop.
 import sys
 import time
 
+from runner import phases, teardown
 from runner.executors.base import Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line, replica_metrics
 from runner.stopping import StopGuard
 
@@ -147,6 +148,7 @@ def finish(job: Job, meter: Throughput, step: int, epoch_loss: float, train_sec:
     """Evaluate (evaluate() -> {'eval/...': value}), report the eval and whole-run figures, build the Result."""
     started = time.perf_counter()
     results = evaluate()
+    phases.mark("evaluation")
     log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
     summary = meter.summary(train_sec)
     job.reporter.log_metrics({**results, **summary}, step)
@@ -234,9 +236,10 @@ def run_custom_loop(job: Job) -> Result:
                     last_saved = step
                 guard.check(step)
     train_sec = time.perf_counter() - started
+    phases.mark("train")
 
     def evaluate():
-        for batch in data.distributed_eval(strategy):
+        for batch in teardown.keep(iter(data.distributed_eval(strategy))):
             eval_step(batch)
         return eval_results()
 

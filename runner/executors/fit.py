@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 
+from runner import phases
 from runner.executors.base import (Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line,
                                    replica_metrics)
 from runner.executors.replica_losses import ShardLosses
@@ -219,6 +220,7 @@ def run_fit(job: Job) -> Result:
             verbose=1 if mode == "bar" else 0, callbacks=callbacks, shuffle=data.shuffle, **kwargs,
         )
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
+    phases.mark("train")
     steps = job.train.epochs * data.steps_per_epoch
     if job.parameter_server:
         eval_metrics = evaluate_on_coordinator(job)
@@ -226,6 +228,7 @@ def run_fit(job: Job) -> Result:
         eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
         results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
         eval_metrics = {f"eval/{k}": float(v) for k, v in results.items()}
+    phases.mark("evaluation")
     summary = meter.summary(train_sec)
     job.reporter.log_metrics({**eval_metrics, **summary}, steps)
     losses = history.history.get("loss") or [float("nan")]  # empty when resumed after the last epoch

@@ -9,6 +9,7 @@ import collections
 import time
 
 from runner import stopping
+from runner import phases
 from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line, replica_metrics
 from runner.executors.custom_loop import checkpoint_due, finish, make_evaluator, make_replica_step
 
@@ -86,6 +87,7 @@ def run_ps_loop(job: Job) -> Result:
                     guard.check(step)
     coordinator.join()
     train_sec = time.perf_counter() - started
+    phases.mark("train")
 
     def evaluate():  # on the coordinator, with the variables from the ps tasks
         for batch in data.eval_dataset():
