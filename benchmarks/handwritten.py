@@ -40,7 +40,7 @@ def make_strategy(name: str, logical_cpus: int):
 
 
 def train(strategy_name="default", executor="fit", logical_cpus=1, global_batch=256, steps=1000, steps_per_call=1,
-          examples=4096) -> dict:
+          examples=4096, save=None) -> dict:
     """One training run written the way the guide teaches; {"examples_per_sec": ..., "train_sec": ...}."""
     import numpy as np
     import tensorflow as tf
@@ -97,6 +97,8 @@ def train(strategy_name="default", executor="fit", logical_cpus=1, global_batch=
             float(train_steps(iterator, tf.constant(n)))
             done += n
         train_sec = time.perf_counter() - started
+    if save:  # as the guide's scripts end: the trained model on disk
+        model.save(os.path.join(save, "model.keras"))
     return {"examples_per_sec": steps * gbs / train_sec, "train_sec": train_sec}
 
 
@@ -109,10 +111,11 @@ def main():
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--steps-per-call", type=int, default=1)
     p.add_argument("--examples", type=int, default=4096)
+    p.add_argument("--save", default=None, help="a directory: save model.keras there at the end")
     args = p.parse_args()
     setup_devices(args.logical_cpus)
     print(json.dumps(train(args.strategy, args.executor, args.logical_cpus, args.global_batch, args.steps,
-                           args.steps_per_call, args.examples)))
+                           args.steps_per_call, args.examples, args.save)))
 
 
 if __name__ == "__main__":

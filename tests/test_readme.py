@@ -85,6 +85,8 @@ def kind_of(tokens):
         return "gpu-benchmark", None  # runs: on a machine without GPUs it must refuse clearly
     if tokens[:3] == ["python", "-m", "benchmarks.run"]:
         return "benchmark-run", None
+    if tokens[:3] == ["python", "-m", "benchmarks.wall"]:
+        return "benchmark-wall", None
     if tokens[:2] == ["python", "-m"] and tokens[2].startswith("benchmarks."):
         return "benchmark-loop", None
     args = _runner_args(tokens)
@@ -407,6 +409,8 @@ def run_benchmark(scratch, tokens):
     out.parent.mkdir(parents=True)
     if tokens[2] == "benchmarks.run":
         extra = ["--quick", f"--out={out}", f"--tracking-uri={scratch.uri}"]
+    elif tokens[2] == "benchmarks.wall":
+        extra = ["--quick"]
     else:
         extra = ["--rounds=1", "--calls=2"]
     proc = scratch.run([*_python(tokens), *extra], cwd=ROOT, timeout=900)
@@ -444,7 +448,7 @@ RUNNERS = {
     "setup": lambda s, t: run_training(s, _setup_steps(t)[-1]),
     "train": run_training, "user-config": run_user_config, "cluster": run_cluster, "sweep": run_sweep,
     "cfg": run_cfg, "help": run_cfg, "tpu": run_tpu, "dashboard": run_dashboard,
-    "benchmark-run": run_benchmark, "benchmark-loop": run_benchmark,
+    "benchmark-run": run_benchmark, "benchmark-loop": run_benchmark, "benchmark-wall": run_benchmark,
     "gpu-benchmark": lambda s, t: s.run(_python(t), cwd=ROOT, timeout=120),
 }
 DEPENDENT = {"resume": run_resume, "deliver": run_deliver}
@@ -453,6 +457,7 @@ CHECKS = {
     "train": check_training, "user-config": check_training, "cluster": check_cluster, "resume": check_resume,
     "sweep": check_sweep, "cfg": check_cfg, "help": check_help, "tpu": check_tpu, "dashboard": check_dashboard,
     "deliver": check_deliver, "benchmark-run": check_benchmark, "benchmark-loop": check_benchmark,
+    "benchmark-wall": check_benchmark,
     "gpu-benchmark": check_gpu_benchmark,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}

@@ -1,0 +1,143 @@
+"""Whole-process wall time, on the user's clock: from the command to the prompt coming back.
+
+    python -m benchmarks.wall                  # 6 rows x 3 sides x 3 interleaved rounds, 3000 steps; ~15 min on 2 cores
+    python -m benchmarks.wall --quick          # one row, 20 steps, one round: checks that it runs
+
+Sides, each a fresh process: the runner with MLflow (its default), the runner with mlflow.enabled=false, and a
+guide-style script (benchmarks/handwritten.py --save: train, then model.save; no tracking). Rounds are
+interleaved with the order rotated, and medians are reported. The runner's own `phases:` line breaks its time
+down (imports, MLflow run creation, build, first step, training, evaluation, save, last MLflow delivery); what
+is left, up to the process's exit, is `exit`. Speed ratios are times inverted: "speed, on / off" is the
+MLflow-off time divided by the MLflow-on time (1.0: tracking costs nothing; above 0.95 is the target). The per-step slope (between --slope-steps and --steps) comes from
+whole-process times only. --end-steps measures how the cost after the last step grows with the run's length.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROWS = [("default", 1, "fit"), ("default", 1, "custom_loop"), ("mirrored", 4, "fit"), ("mirrored", 4, "custom_loop"),
+        ("central_storage", 2, "fit"), ("central_storage", 2, "custom_loop")]
+AFTER_TRAINING = ("evaluation", "save", "mlflow end", "exit")
+
+
+class Wall:
+    def __init__(self, workdir, gbs):
+        self.workdir, self.gbs, self.count = workdir, gbs, 0
+
+    def _time(self, argv):
+        self.count += 1
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        started = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=self.workdir, env=env, timeout=1800)
+        wall = time.perf_counter() - started
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        return wall, proc.stdout + proc.stderr
+
+    def runner(self, strategy, cpus, executor, steps, mlflow=True):
+        wall, out = self._time([
+            sys.executable, "-m", "runner", f"strategy={strategy}", f"executor={executor}", f"devices.logical_cpus={cpus}",
+            f"train.global_batch_size={self.gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}",
+            "data.num_examples=4096", "data.eval_examples=256", "executor.verbose=0",
+            f"hydra.run.dir={self.workdir}/runs/{self.count}", f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
+            "mlflow.experiment_name=wall", f"mlflow.enabled={str(mlflow).lower()}"])
+        found = re.search(r"phases: (.*)", out)
+        phases = {k: float(v) for k, v in re.findall(r"([a-z ]+) ([0-9.]+)s(?:,|$)", found.group(1).strip())} if found else {}
+        phases = {k.strip(): v for k, v in phases.items()}
+        phases["exit"] = max(0.0, wall - sum(phases.values()))
+        return wall, phases
+
+    def script(self, strategy, cpus, executor, steps):
+        save = tempfile.mkdtemp(dir=self.workdir)
+        wall, _ = self._time([sys.executable, os.path.join(HERE, "handwritten.py"), f"--strategy={strategy}",
+                              f"--executor={executor}", f"--logical-cpus={cpus}", f"--global-batch={self.gbs}",
+                              f"--steps={steps}", f"--save={save}"])
+        return wall, {}
+
+
+def interleaved(sides, rounds):
+    """{side: [(wall, phases), ...]}, the sides' order rotated each round."""
+    names = list(sides)
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            out[n].append(sides[n]())
+    return out
+
+
+def median_phases(results):
+    keys = results[0][1].keys()
+    return {k: statistics.median(p[k] for _, p in results if k in p) for k in keys}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.wall")
+    p.add_argument("--quick", action="store_true", help="one row, 20 steps, one round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--slope-steps", type=int, default=300, help="the shorter run of the per-step slope (0: no slope)")
+    p.add_argument("--end-steps", default="1000,10000,100000", help="run lengths for the cost after the last step ('': none)")
+    p.add_argument("--global-batch", type=int, default=256)
+    args = p.parse_args(argv)
+    rows = ROWS
+    if args.quick:
+        rows, args.rounds, args.steps, args.slope_steps, args.end_steps = ROWS[1:2], 1, 20, 10, "20"
+    w = Wall(tempfile.mkdtemp(prefix="runner-wall-"), args.global_batch)
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    say(f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved round(s), medians")
+    say("")
+    say("| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | speed, runner / script | "
+        "after the last step (s) | runner phases, MLflow on (s) |")
+    say("|---|---|---|---|---|---|---|---|---|")
+    for strategy, cpus, executor in rows:
+        res = interleaved({
+            "on": lambda: w.runner(strategy, cpus, executor, args.steps),
+            "off": lambda: w.runner(strategy, cpus, executor, args.steps, mlflow=False),
+            "script": lambda: w.script(strategy, cpus, executor, args.steps),
+        }, args.rounds)
+        on, off, script = (statistics.median(t for t, _ in res[k]) for k in ("on", "off", "script"))
+        phases = median_phases(res["on"])
+        after = sum(phases.get(k, 0.0) for k in AFTER_TRAINING)
+        breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+        say(f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
+            f"{script / on:.3f} | {after:.2f} | {breakdown} |")
+    if args.slope_steps:
+        say("")
+        say(f"Per-step slope from whole-process times, ({args.steps} - {args.slope_steps} steps), medians:")
+        say("")
+        say("| strategy | executor | runner ms/step | script ms/step | speed, runner / script |")
+        say("|---|---|---|---|---|")
+        for strategy, cpus, executor in [rows[0], rows[-1]]:
+            res = interleaved({
+                "runner long": lambda: w.runner(strategy, cpus, executor, args.steps),
+                "runner short": lambda: w.runner(strategy, cpus, executor, args.slope_steps),
+                "script long": lambda: w.script(strategy, cpus, executor, args.steps),
+                "script short": lambda: w.script(strategy, cpus, executor, args.slope_steps),
+            }, args.rounds)
+            med = {k: statistics.median(t for t, _ in v) for k, v in res.items()}
+            span = args.steps - args.slope_steps
+            r = 1000 * (med["runner long"] - med["runner short"]) / span
+            s = 1000 * (med["script long"] - med["script short"]) / span
+            say(f"| {strategy} ({cpus}) | {executor} | {r:.3f} | {s:.3f} | {s / r:.3f} |")
+    if args.end_steps:
+        say("")
+        say("Cost after the last training step (evaluation, save, last MLflow delivery, exit), MLflow on, "
+            f"{rows[-1][0]} {rows[-1][2]}, one run each:")
+        say("")
+        say("| steps | after the last step (s) | of which MLflow's last delivery (s) |")
+        say("|---|---|---|")
+        strategy, cpus, executor = rows[-1]
+        for steps in [int(s) for s in args.end_steps.split(",")]:
+            _, phases = w.runner(strategy, cpus, executor, steps)
+            say(f"| {steps} | {sum(phases.get(k, 0.0) for k in AFTER_TRAINING):.2f} | {phases.get('mlflow end', 0.0):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
