@@ -85,12 +85,18 @@ def main(argv=None):
     p.add_argument("--slope-steps", type=int, default=300, help="the shorter run of the per-step slope (0: no slope)")
     p.add_argument("--end-steps", default="1000,10000,100000", help="run lengths for the cost after the last step ('': none)")
     p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, not with --quick)")
     args = p.parse_args(argv)
     rows = ROWS
     if args.quick:
         rows, args.rounds, args.steps, args.slope_steps, args.end_steps = ROWS[1:2], 1, 20, 10, "20"
     w = Wall(tempfile.mkdtemp(prefix="runner-wall-"), args.global_batch)
-    say = lambda text: print(text, flush=True)  # noqa: E731
+    lines = []
+
+    def say(text):
+        lines.append(text)
+        print(text, flush=True)
+
     say(f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved round(s), medians")
     say("")
     say("| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | speed, runner / script | "
@@ -137,6 +143,14 @@ def main(argv=None):
         for steps in [int(s) for s in args.end_steps.split(",")]:
             _, phases = w.runner(strategy, cpus, executor, steps)
             say(f"| {steps} | {sum(phases.get(k, 0.0) for k in AFTER_TRAINING):.2f} | {phases.get('mlflow end', 0.0):.2f} |")
+    out = args.out or (None if args.quick else os.path.join(HERE, "..", "docs", "benchmarks-wall.md"))
+    if out:
+        from benchmarks.run import machine
+
+        with open(out, "w") as f:
+            f.write("# Whole-process benchmarks (`python -m benchmarks.wall`)\n\n" + f"Machine: {machine()}.\n\n"
+                    + "\n".join(lines) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":
