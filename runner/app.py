@@ -17,6 +17,31 @@ schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda first, second: first or second, replace=True)
 
 
+CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
+
+
+def output_dir_problem(argv) -> str:
+    """Hydra creates the run (or sweep) directory before any runner code runs, and a directory it cannot create
+    ends in its traceback: check it first. Returns the error, or ''."""
+    if any(a in CONFIG_ONLY for a in argv):
+        return ""
+    sweep = "-m" in argv or "--multirun" in argv
+    keys = ("hydra.sweep.dir=",) if sweep else ("hydra.run.dir=", "resume=")
+    given = [a.split("=", 1) for a in argv if a.startswith(keys)]
+    default = ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
+    key, path = given[-1] if given else default
+    if key == "resume":
+        return ""  # validated later: it must be an output directory of the runner
+    try:
+        os.makedirs(os.path.expanduser(path), exist_ok=True)
+        if not os.access(os.path.expanduser(path), os.W_OK):
+            raise PermissionError("not writable")
+    except OSError as err:
+        return (f"{key}={path} cannot be used as the run's output directory ({getattr(err, 'strerror', None) or err}). "
+                "Point it at a directory you can write, or run from one.")
+    return ""
+
+
 def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics)."""
     validate(cfg)

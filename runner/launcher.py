@@ -116,6 +116,16 @@ class Task:
             self.proc.wait()
 
 
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, T for stopped...), or '' when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:].split()[0].decode()
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
 class TaskPreempted(stopping.Stopped):
     """A trainer exited after a preemption notice: its peers are stopping too, at the step they agreed on."""
 
@@ -223,6 +233,15 @@ def supervise(tasks: List[Task], cfg) -> None:
                 log.warning("%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers)
                 t.start(lock)
                 continue
+            frozen = [o for o in tasks if o is not t and o.proc.poll() is None and process_state(o.proc.pid) in ("T", "t")]
+            if frozen:  # a peer that is stopped (SIGSTOP, a debugger) makes the healthy ones give up: name it
+                f = frozen[0]
+                raise ClusterError(
+                    f"task {f.name} (pid {f.proc.pid}) was stopped (SIGSTOP or a debugger) and did not answer, so task "
+                    f"{t.name} gave up waiting for it ({signal_name(code)}). The other tasks were stopped. Logs are in "
+                    f"{f.run_dir}/runner.log and {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to continue "
+                    "from the last checkpoint."
+                )
             raise ClusterError(
                 f"task {t.name} (pid {t.proc.pid}) stopped: {signal_name(code)}. The other tasks were stopped. "
                 f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "

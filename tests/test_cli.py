@@ -159,3 +159,17 @@ def test_deliver_in_a_run_directory_with_nothing_pending_succeeds(tmp_path):
     done = subprocess.run([sys.executable, "-m", "runner.deliver", str(tmp_path)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and "Nothing to deliver" in done.stdout
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_runs(tmp_path):
+    """Hydra makes the run directory before any runner code runs: a path under a regular file, or under /proc,
+    used to end in its traceback."""
+    (tmp_path / "a-file").write_text("")
+    for override in (f"hydra.run.dir={tmp_path}/a-file/run", "hydra.run.dir=/proc/no-such/run",
+                     f"hydra.sweep.dir={tmp_path}/a-file/sweep"):
+        argv = [sys.executable, "-m", "runner", *(["-m"] if "sweep" in override else []), override]
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert done.stderr.startswith(f"Error: {override} cannot be used")
+        assert time.monotonic() - started < 10  # before TensorFlow

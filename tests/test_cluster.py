@@ -267,3 +267,17 @@ def test_ctrl_c_stops_every_task_and_marks_the_run_killed(runner):
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "interrupted")
     assert run.info.status == "KILLED"
     # and the autouse fixture checks that no task outlived the launcher
+
+
+def test_a_stopped_worker_is_the_one_blamed(runner):
+    """worker:1 frozen with SIGSTOP: worker:0 gives up waiting for it, and the error names worker:1, not worker:0."""
+    args = [*MWMS, *_long("custom_loop"), f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=frozen"]
+    live = LiveRun(args, runner.root, runner.root / "runs" / "frozen", runner.uri)
+    pid = int(live.wait_for(lambda l: "started worker:1 (pid" in l, 60).split("pid ")[1].split(")")[0])
+    live.wait_for(lambda l: re.search(r"\[worker:1\].*epoch 2/40", l), 180)
+    os.kill(pid, signal.SIGSTOP)
+    code, output = live.finish(timeout=180)
+    assert code == 3, output[-3000:]
+    assert f"task worker:1 (pid {pid}) was stopped (SIGSTOP or a debugger)" in output and "task worker:0 gave up" in output
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "frozen")
+    assert run.info.status == "FAILED"
