@@ -200,7 +200,10 @@ def main(argv=None):
               f"{args.global_batch}, MLP 20-64-64-4 on synthetic data, {args.rounds} interleaved round(s), medians and best rounds. "
               "Throughput = examples / training time, measured the same way on both sides: from the training call to "
               "the end of its last step (Model.fit: its on_train_end), first step and tracing included; the input "
-              "iterator's teardown after that is not (see the notes below).", ""]
+              "iterator's teardown after that is not (see the notes below).", "",
+              "These tables time the training call. What a user waits for, from the command to the prompt (imports, "
+              "MLflow, evaluation, saving, exit included), is in [benchmarks-wall.md](benchmarks-wall.md) "
+              "(`python -m benchmarks.wall`).", ""]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     notes_path = os.path.join(HERE, "NOTES.md")
     notes = open(notes_path).read() if os.path.exists(notes_path) and not args.quick and full else ""
