@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from typing import List, Optional
 
 from runner.errors import ConfigError, TrainingError
@@ -28,6 +29,8 @@ class Checkpoints:
         self._ckpt = tf.train.Checkpoint(step=self.step, model=model, optimizer=optimizer)
         self.directory = directory
         self._scratch = None if is_chief else tempfile.mkdtemp(prefix="runner-ckpt-")
+        if self._scratch:  # removed when this object goes or the process exits (tasks of a cluster exit normally)
+            weakref.finalize(self, shutil.rmtree, self._scratch, True)
         self.manager = tf.train.CheckpointManager(self._ckpt, self._scratch or directory, max_to_keep=max_to_keep)
 
     @property
