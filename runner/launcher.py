@@ -116,16 +116,6 @@ class Task:
             self.proc.wait()
 
 
-def process_state(pid: int) -> str:
-    """The state letter of /proc/<pid>/stat (R, S, T for stopped...), or '' when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:].split()[0].decode()
-    except (OSError, ValueError, IndexError):
-        return ""
-
-
 class TaskPreempted(stopping.Stopped):
     """A trainer exited after a preemption notice: its peers are stopping too, at the step they agreed on."""
 
@@ -233,7 +223,7 @@ def supervise(tasks: List[Task], cfg) -> None:
                 log.warning("%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers)
                 t.start(lock)
                 continue
-            frozen = [o for o in tasks if o is not t and o.proc.poll() is None and process_state(o.proc.pid) in ("T", "t")]
+            frozen = [o for o in tasks if o is not t and o.proc.poll() is None and procs.state(o.proc.pid) in ("T", "t")]
             if frozen:  # a peer that is stopped (SIGSTOP, a debugger) makes the healthy ones give up: name it
                 f = frozen[0]
                 raise ClusterError(

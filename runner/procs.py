@@ -43,15 +43,28 @@ def popen(argv, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(argv, **kwargs)
 
 
-def start_ticks(pid: int) -> Optional[int]:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None if it has exited.
-    With the pid, it names one process: a pid reused later has another start time."""
+def _stat(pid: int) -> Optional[list]:
+    """The fields of /proc/<pid>/stat after "pid (comm) ", from field 3 (state) on; None if it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": field 3 (state) onwards
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def state(pid: int) -> str:
+    """The process's state letter (R, S, T for stopped, Z...), or '' when it cannot be read."""
+    fields = _stat(pid)
+    return fields[0].decode() if fields else ""
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None if it has exited.
+    With the pid, it names one process: a pid reused later has another start time."""
+    fields = _stat(pid)
+    if fields is None:
+        return None
     return None if fields[0] in (b"Z", b"X") else int(fields[19])  # a zombie has died already
 
 

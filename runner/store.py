@@ -91,13 +91,18 @@ def _client(uri: str):
                           "(mlflow.tracking_uri or MLFLOW_TRACKING_URI; unset both for ./mlflow.db).") from None
 
 
-def owner_dead(run) -> bool:
-    """Whether the RUNNING run's recorded owner was a process of this host that is gone now."""
+def _owner_alive(run) -> Optional[bool]:
+    """Whether the run's recorded owner process still runs (None: no owner recorded, or not one this host can see)."""
     tags = run.data.tags
     if OWNER_TAGS["pid"] not in tags:
-        return False
+        return None
     return procs.alive(tags.get(OWNER_TAGS["host"], ""), tags[OWNER_TAGS["pid"]], tags.get(OWNER_TAGS["start"], ""),
-                       tags.get(OWNER_TAGS["ns"], "")) is False
+                       tags.get(OWNER_TAGS["ns"], ""))
+
+
+def owner_dead(run) -> bool:
+    """Whether the RUNNING run's recorded owner was a process of this host that is gone now."""
+    return _owner_alive(run) is False
 
 
 def fail_dead_runs(client, experiment_id: str, who: str, keep: Optional[str] = None) -> list:
@@ -128,12 +133,8 @@ def fail_dead_runs(client, experiment_id: str, who: str, keep: Optional[str] = N
 
 def live_owner(run) -> Optional[str]:
     """The pid of the run's recorded owner when it is a process of this host that still runs, else None."""
-    tags = run.data.tags
-    if OWNER_TAGS["pid"] not in tags or tags[OWNER_TAGS["pid"]] == str(os.getpid()):
-        return None
-    alive = procs.alive(tags.get(OWNER_TAGS["host"], ""), tags[OWNER_TAGS["pid"]], tags.get(OWNER_TAGS["start"], ""),
-                        tags.get(OWNER_TAGS["ns"], ""))
-    return tags[OWNER_TAGS["pid"]] if alive else None
+    pid = run.data.tags.get(OWNER_TAGS["pid"])
+    return pid if pid != str(os.getpid()) and _owner_alive(run) else None
 
 
 EPOCHS_TAG = "runner.train.epochs"  # the epochs the run was last asked to train (params cannot change on resume)
