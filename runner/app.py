@@ -10,7 +10,7 @@ from runner import schema
 from runner.errors import RunnerError
 from runner.stopping import Stopped
 from runner.tracking import ATTACH_ENV, JOB_ENV
-from runner.validate import validate
+from runner.validate import writable_dir_problem, validate
 
 schema.register()
 # `${runner.or:a,b}`: a unless it is null or empty (hydra.run.dir is resume=<dir> when given).
@@ -32,12 +32,9 @@ def output_dir_problem(argv) -> str:
     key, path = given[-1] if given else default
     if key == "resume":
         return ""  # validated later: it must be an output directory of the runner
-    try:
-        os.makedirs(os.path.expanduser(path), exist_ok=True)
-        if not os.access(os.path.expanduser(path), os.W_OK):
-            raise PermissionError("not writable")
-    except OSError as err:
-        return (f"{key}={path} cannot be used as the run's output directory ({getattr(err, 'strerror', None) or err}). "
+    problem = writable_dir_problem(path)  # the probe validate.py uses for output and checkpoint directories
+    if problem:
+        return (f"{key}={path} cannot be used as the run's output directory ({problem}). "
                 "Point it at a directory you can write, or run from one.")
     return ""
 

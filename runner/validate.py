@@ -233,7 +233,7 @@ def memory_fits(cfg):
     data_checks.check_batch_memory(cfg.train.global_batch_size, example, f"data={cfg.data.name}", available)
 
 
-def _writable_dir_problem(path: str) -> Optional[str]:
+def writable_dir_problem(path: str) -> Optional[str]:
     """None when `path` is, or can be made, a directory this process can write in; else why not. Directories made
     for the probe are removed again (the run makes them when it needs them)."""
     path = os.path.abspath(os.path.expanduser(path))
@@ -270,7 +270,7 @@ def directories_writable(cfg):
         key = "checkpoint.dir" if cfg.checkpoint.dir else "output_dir"
         dirs.append((key, str(cfg.checkpoint.dir or os.path.join(str(output_dir), "checkpoints"))))
     for key, path in dirs:
-        problem = _writable_dir_problem(path)
+        problem = writable_dir_problem(path)
         if problem:
             what = "checkpoints" if "checkpoint" in path or key == "checkpoint.dir" else "the run's output"
             raise ConfigError(
