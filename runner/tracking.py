@@ -72,6 +72,9 @@ class RunLog:
         self._journal = journal.Journal(outbox_dir, logged_through) if outbox_dir else None
         self._journaled = self._delivered = 0  # values written to the journal / taken by the store, in order
         self._lock, self._sending = threading.Lock(), threading.Lock()
+        # Journal writes have their own lock: a checkpoint's sync_journal must not wait behind a delivery that a
+        # slow or unreachable server holds up (MLflow's HTTP retries take minutes).
+        self._journaling = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._last_flush = time.monotonic()
         self._outage = None  # why the last delivery failed, while it keeps failing
@@ -111,25 +114,24 @@ class RunLog:
             if woken or time.monotonic() - self._last_flush >= self.flush_every:
                 self._deliver()
             else:
-                with self._sending:
-                    self._write_journal()
+                self._write_journal()
 
     def sync_journal(self) -> None:
         """Journal everything logged so far, now (before a checkpoint is written)."""
-        with self._sending:
-            self._write_journal()
+        self._write_journal()
 
     def _write_journal(self) -> None:
-        """Append the values logged since the last call to the journal (caller holds _sending)."""
-        with self._lock:
-            rows, self._fresh = self._fresh, []
-        if self._journal is not None and rows:
-            try:
-                self._journal.append(rows)
-            except OSError as err:  # a full disk must not stop training: the values are still queued for MLflow
-                log.warning("could not write the metrics journal %s (%s); metrics still go to MLflow", self._journal.path, err)
-                self._journal = None
-        self._journaled += len(rows)
+        """Append the values logged since the last call to the journal."""
+        with self._journaling:
+            with self._lock:
+                rows, self._fresh = self._fresh, []
+            if self._journal is not None and rows:
+                try:
+                    self._journal.append(rows)
+                except OSError as err:  # a full disk must not stop training: the values are still queued for MLflow
+                    log.warning("could not write the metrics journal %s (%s); metrics still go to MLflow", self._journal.path, err)
+                    self._journal = None
+            self._journaled += len(rows)
 
     def _deliver(self) -> bool:
         """Send queued tags and metrics in log_batch calls of up to 1000 values, oldest first.
@@ -156,11 +158,12 @@ class RunLog:
                 with self._lock:
                     del self._tags[:len(tags)], self._metrics[:len(metrics)]
                 self._delivered += len(metrics)
-                if self._journal is not None and metrics:
-                    try:
-                        self._journal.delivered(self._delivered)
-                    except OSError:
-                        self._journal = None
+                with self._journaling:
+                    if self._journal is not None and metrics:
+                        try:
+                            self._journal.delivered(self._delivered)
+                        except OSError:
+                            self._journal = None
                 if self._outage is not None:
                     log.warning("MLflow at %s is reachable again; delivering the metrics kept meanwhile", redact_uri(self.tracking_uri))
                     self._outage = None
