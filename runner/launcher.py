@@ -70,6 +70,7 @@ class Task:
     proc: Optional[subprocess.Popen] = None
     restarts: int = 0
     pumps: List[threading.Thread] = field(default_factory=list)
+    notified: bool = False  # it said it received SIGINT/SIGTERM itself (its peers stop because it did)
 
     @property
     def name(self) -> str:
@@ -94,6 +95,8 @@ class Task:
 
     def _pump(self, proc, lock):
         for line in proc.stdout:
+            if stopping.NOTICE in line:
+                self.notified = True
             with lock:
                 sys.stdout.write(f"[{self.name}] {line}")
                 sys.stdout.flush()
@@ -265,6 +268,10 @@ def launch(cfg: DictConfig) -> dict:
                         cfg.cluster.stop_grace_sec)
             if isinstance(err, TaskPreempted):  # the others are checkpointing with it: a signal now would only interrupt them
                 wait_for(_trainers(tasks), cfg.cluster.stop_grace_sec)
+                told = [t.name for t in _trainers(tasks) if t.notified]  # the first to exit may be a peer it told
+                if told:
+                    err = TaskPreempted(signal.SIGTERM, f"task {', '.join(told)} was preempted (SIGTERM) and the trainers "
+                                                        "stopped together")
             stop_all(tasks, cfg.cluster.stop_grace_sec)
             # Read the checkpoint only now: the chief may still have been writing it when a peer exited.
             signum = signal.Signals[err.signal_name] if isinstance(err, stopping.Stopped) else signal.SIGINT

@@ -23,6 +23,7 @@ from runner.errors import RunnerError
 log = logging.getLogger("runner")
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as shells report it
 
+NOTICE = "received: stopping at the next step boundary"  # the launcher reads it to name the task that was signalled
 _received = []  # signal numbers, in order
 _training = threading.Event()  # a StopGuard is active: defer to a step boundary
 
@@ -41,7 +42,7 @@ def _on_signal(signum, frame):
     _received.append(signum)
     name = signal.Signals(signum).name
     if _training.is_set() and first:
-        log.warning("%s received: stopping at the next step boundary, after a checkpoint (send it again to stop at once)", name)
+        log.warning("%s %s, after a checkpoint (send it again to stop at once)", name, NOTICE)
         return
     raise Stopped(signum, f"stopped by {name}")
 
