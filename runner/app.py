@@ -46,6 +46,9 @@ def run(cfg: DictConfig) -> dict:
         from runner.launcher import launch  # starts tf_config tasks; no TensorFlow in this process
 
         return launch(cfg)
+    from runner.tracking import prestart
+
+    prestart(cfg)  # MLflow gets ready in its own process while this one imports TensorFlow
     from runner.experiment import run_experiment  # imports TensorFlow
 
     return run_experiment(cfg)

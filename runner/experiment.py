@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from runner import datasets, phases, stopping
 from runner.env import native_stderr_captured
-from runner.tracking import NullRun, mlflow_run
+from runner.tracking import NullRun, discard_prestarted, mlflow_run
 
 log = logging.getLogger("runner")
 
@@ -91,6 +91,8 @@ def run_experiment(cfg: DictConfig) -> dict:
         return evaluate_checkpoints(cfg, cluster)
     stopping.install()  # Ctrl-C / SIGTERM: checkpoint at a step boundary, run KILLED (servers keep the defaults)
     logs = cluster.is_chief and cfg.mlflow.enabled
+    if not logs:
+        discard_prestarted()
     run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
     with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
         phases.mark("mlflow start")

@@ -25,7 +25,7 @@ def save(directory: str, run_id: str, metrics: List, tags: List, status: Optiona
     record = {
         "run_id": run_id,
         "metrics": [list(m) for m in metrics],  # (key, value, timestamp, step) tuples
-        "tags": [[t.key, t.value] for t in tags],
+        "tags": [list(t) for t in tags],  # (key, value) pairs
         "status": status,
     }
     path = path_in(directory)

@@ -131,16 +131,17 @@ def fail_dead_runs(client, experiment_id: str, who: str, keep: Optional[str] = N
     return failed
 
 
-def live_owner(run) -> Optional[str]:
-    """The pid of the run's recorded owner when it is a process of this host that still runs, else None."""
+def live_owner(run, me: Optional[int] = None) -> Optional[str]:
+    """The pid of the run's recorded owner when it is a process of this host that still runs (and not `me`,
+    default this process), else None."""
     pid = run.data.tags.get(OWNER_TAGS["pid"])
-    return pid if pid != str(os.getpid()) and _owner_alive(run) else None
+    return pid if pid != str(me or os.getpid()) and _owner_alive(run) else None
 
 
 EPOCHS_TAG = "runner.train.epochs"  # the epochs the run was last asked to train (params cannot change on resume)
 
 
-def take_over(client, run, epochs: int, output_dir: str) -> None:
+def take_over(client, run, epochs: int, output_dir: str, me: Optional[int] = None) -> None:
     """Before resume= continues `run`: refuse a run that is finished or whose process still runs; a RUNNING run
     whose process died is marked FAILED first (that attempt ended without a word)."""
     info, name = run.info, f"{run.info.run_name} ({run.info.run_id})"
@@ -153,7 +154,7 @@ def take_over(client, run, epochs: int, output_dir: str) -> None:
                 f"{done if done is not None else '?'}, so there is nothing to continue. To train longer, pass a larger "
                 "train.epochs with resume=; for a new run, leave resume= out."
             )
-    pid = live_owner(run) if info.status == "RUNNING" else None
+    pid = live_owner(run, me) if info.status == "RUNNING" else None
     if pid:
         raise ConfigError(
             f"resume={output_dir}: its MLflow run {name} is still RUNNING in process {pid} on this host. Stop that "
@@ -166,11 +167,12 @@ def take_over(client, run, epochs: int, output_dir: str) -> None:
                     run.data.tags[OWNER_TAGS["pid"]])
 
 
-def started(client, run, epochs: Optional[int] = None) -> None:
-    """This process owns `run` now: record it, and fail the runs of its experiment left RUNNING by dead processes."""
+def started(client, run, epochs: Optional[int] = None, owner: Optional[int] = None) -> None:
+    """Process `owner` (default this one) owns `run` now: record it, and fail the runs of its experiment left
+    RUNNING by dead processes."""
     from mlflow.entities import RunTag
 
-    me = procs.identity()
+    me = procs.identity(owner)
     tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + ([RunTag(EPOCHS_TAG, str(epochs))] if epochs else [])
     client.log_batch(run.info.run_id, tags=tags)
     # Housekeeping off the critical path (a search over the experiment's runs, ~0.2 s): in the background.

@@ -1,0 +1,112 @@
+"""The training process's end of runner/mlflow_process.py: a client with MLflow's call names, over a pipe.
+
+`Pipe.spawn(uri)` starts the process at once, so that it imports mlflow and opens the store while this
+process does other work (imports TensorFlow). Each call waits for its answer; a call that fails there raises
+PipeError (or ConfigError, for what the user has to fix), as MlflowClient's calls raise on a server that is down.
+"""
+
+import itertools
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Dict, Optional
+
+from runner import procs
+from runner.errors import ConfigError
+
+log = logging.getLogger("runner")
+CLOSE_WAIT_SEC = 5.0  # after the run has ended, only a call stuck on an unreachable server can still be running
+
+
+class PipeError(Exception):
+    """MLflow did not take a call (a server that is down, or the MLflow process is gone)."""
+
+
+class Pipe:
+    def __init__(self, proc: subprocess.Popen, uri: str):
+        self.proc, self.uri = proc, uri
+        self._ids, self._waiting, self._lock = itertools.count(1), {}, threading.Lock()
+        self._gone: Optional[str] = None
+        self._reader = threading.Thread(target=self._read, name="mlflow-pipe", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def spawn(cls, uri: str) -> "Pipe":
+        """Start the MLflow process (from the main thread: it dies with the thread that started it)."""
+        env = dict(os.environ, MLFLOW_TRACKING_URI=uri)  # not in argv, where credentials would show in `ps`
+        proc = procs.popen([sys.executable, "-m", "runner.mlflow_process", str(os.getpid())], env=env,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        return cls(proc, uri)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                message = json.loads(line)
+            except json.JSONDecodeError:  # not ours (a library printing to stdout): pass it on
+                sys.stdout.write(line)
+                continue
+            if "log" in message:
+                log.log(*message["log"])
+                continue
+            with self._lock:
+                waiter = self._waiting.pop(message.get("id"), None)
+            if waiter is None:
+                continue
+            if "error" in message:
+                waiter.set_exception((ConfigError if message.get("config") else PipeError)(message["error"]))
+            else:
+                waiter.set_result(message.get("ok"))
+        with self._lock:
+            self._gone = f"the MLflow process (pid {self.proc.pid}) ended"
+            waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            waiter.set_exception(PipeError(self._gone))
+
+    def call(self, op: str, **args):
+        waiter: Future = Future()
+        with self._lock:
+            if self._gone:
+                raise PipeError(self._gone)
+            number = next(self._ids)
+            self._waiting[number] = waiter
+            try:
+                self.proc.stdin.write(json.dumps({"id": number, "op": op, "args": args}) + "\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError) as err:  # its stdin is closed: it is gone
+                self._waiting.pop(number, None)
+                raise PipeError(f"the MLflow process (pid {self.proc.pid}) is gone ({err})") from None
+        return waiter.result()
+
+    # MlflowClient's names, with plain lists for entities: [key, value, timestamp, step], [key, value].
+    def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
+        self.call("log_batch", run_id=run_id, metrics=[list(m) for m in metrics], tags=[list(t) for t in tags],
+                  params=[list(p) for p in params])
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self.call("set_terminated", run_id=run_id, status=status)
+
+    def log_artifact(self, run_id: str, path: str, artifact_path: Optional[str] = None) -> None:
+        self.call("log_artifact", run_id=run_id, path=os.path.abspath(path), artifact_path=artifact_path)
+
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self.call("log_text", run_id=run_id, text=text, name=name)
+
+    def start(self, **args) -> Dict:
+        return self.call("start", **args)
+
+    def close(self) -> None:
+        """End the MLflow process: it finishes the calls it has, then exits (killed if one is stuck)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=CLOSE_WAIT_SEC)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=1)
