@@ -97,6 +97,9 @@ def run_experiment(cfg: DictConfig) -> dict:
     with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
         phases.mark("mlflow start")
         summary = _train(cfg, tf, devices, cluster, run, sentinel)
+        # The process's clock so far, phase by phase (the last phase, ending the run, is only in the log line).
+        run.log_metrics({f"time/phase/{name.replace(' ', '_')}_sec": sec for name, sec in phases.durations().items()},
+                        summary["steps"])
     phases.mark("mlflow end")  # the last metrics delivered, the run ended
     log.info(phases.summary())
     return summary
@@ -154,4 +157,4 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         log.info("model saved to %s", path)
     phases.mark("save")
     log.info(done_line(result, result.summary))
-    return {"run_id": run.run_id, "final_loss": result.final_loss, **result.eval, **result.summary}
+    return {"run_id": run.run_id, "steps": result.steps, "final_loss": result.final_loss, **result.eval, **result.summary}
