@@ -2,6 +2,7 @@
 
 import logging
 import math
+import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import Any, Dict, Optional, Protocol, Sequence
 
 from runner import STARTED, phases, teardown
 from runner.errors import TrainingError
+from runner.executors import tf_private
 
 log = logging.getLogger("runner")
 
@@ -67,11 +69,9 @@ def concrete_per_iterator(fn):
 
     Same graph, same results. What it skips is the Python that every call of a tf.function, or of its concrete
     function, spends matching the arguments to the signature and flattening the iterator into its resource
-    handles: 100-200 us of a 0.5 ms step on one device, and 300-500 us per call for a 4-replica distributed
-    iterator (benchmarks/call_overhead.py). The iterator's handles are the same for its whole life, so they
-    are flattened once, and each call passes them with the tensors to the concrete function, as tf.function
-    itself does after matching. The iterator is kept until the process ends (runner/teardown.py: destroying it
-    can block for seconds).
+    handles: a large share of a short step, more so for a distributed iterator (docs/benchmarks.md). The
+    iterator's handles are the same for its whole life, so they are flattened once (tf_private.flat_caller).
+    The iterator is kept until the process ends (runner/teardown.py: destroying it can block for seconds).
     """
     bound = {}
 
@@ -83,14 +83,7 @@ def concrete_per_iterator(fn):
             return None
         teardown.keep(iterator)
         concrete = fn.get_concrete_function(iterator, *args)
-        flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(iterator, *args))
-        handles = flat[:len(flat) - len(args)]
-        call_flat = getattr(concrete, "_call_flat", None)
-        if call_flat is None or any(a is not b for a, b in zip(flat[len(handles):], args)):
-            caller = concrete  # another TensorFlow, or arguments that are not plain tensors: the public call
-        else:
-            def caller(iterator, *tensors):
-                return call_flat(handles + list(tensors), captured_inputs=concrete.captured_inputs)
+        caller = tf_private.flat_caller(concrete, iterator, args) or concrete
         bound.update(ref=ref, caller=caller)
         return caller
 
@@ -173,6 +166,14 @@ def done_line(result: "Result", summary: Dict[str, float]) -> str:
     if "time/to_first_step_sec" in summary:
         parts.append(f"first step after {summary['time/to_first_step_sec']:.2f}s")
     return ", ".join(parts)
+
+
+def progress_mode(verbose) -> str:
+    """executor.verbose as bar (Keras' progress bar: a terminal, or 1), lines (one log line every
+    train.log_every_n_steps steps: not a terminal, or 2) or quiet (0)."""
+    if str(verbose) == "auto":
+        return "bar" if sys.stdout.isatty() else "lines"
+    return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
 
 
 def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: Dict[str, float]) -> str:

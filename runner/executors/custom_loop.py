@@ -1,16 +1,17 @@
-"""The guide's custom training loop: GradientTape, strategy.run, compute_average_loss, strategy.reduce.
+"""The guide's custom training loop in this process: GradientTape, strategy.run, compute_average_loss,
+strategy.reduce.
 
-train.steps_per_loop steps run inside one tf.function call (a tf.range loop over the distributed iterator),
-which cuts host overhead the way Orbit's loop_fns do. Under parameter_server the same step function is
-scheduled on the workers through a ClusterCoordinator (runner/executors/ps_loop.py).
+This module supplies only the inner loop (InProcessTrainer): train.steps_per_loop steps run inside one
+tf.function call (a tf.range loop over the distributed iterator), which cuts host overhead the way Orbit's
+loop_fns do. Epochs, logging, checkpoints and stop requests are runner/executors/loop.py's; under
+parameter_server the coordinator's inner loop is runner/executors/ps_loop.py.
 """
 
-import sys
-import time
-
-from runner import phases, teardown
-from runner.executors.base import Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line, replica_metrics
-from runner.stopping import StopGuard
+from runner import teardown
+from runner.executors import loop
+from runner.executors.base import Job, Result, concrete_per_iterator, progress_mode, replica_metrics
+from runner.executors.evaluation import make_evaluator
+from runner.executors.replica_step import make_replica_step
 
 
 def shard_accumulator(job: Job):
@@ -21,13 +22,13 @@ def shard_accumulator(job: Job):
     - One replica, no regularization: the loss is the shard's loss.
     - One worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
       up. Their sum is the step's loss and, with even shards and no regularization, each times the replicas is
-      its shard's mean loss: no op on the replicas beyond the guide's step. (A sync-on-read write in each
-      replica's step cost 1-4% of a 1.5 ms central_storage step in benchmarks/paired.py; a gather ~8%.)
-      Otherwise each replica also returns its shard's mean loss, stacked the same way.
+      its shard's mean loss: no op on the replicas beyond the guide's step (a sync-on-read write or a gather in
+      each replica's step measurably slowed it). Otherwise each replica also returns its shard's mean loss,
+      stacked the same way.
     - Several workers: gathered across workers in every step (the chief needs the other workers' losses).
 
     Chosen here, outside the tf.function, and not converted by AutoGraph (plain TensorFlow ops, no tensor-
-    dependent Python): converting these branches inside the loop cost ~50 ms of tracing per run.
+    dependent Python): converting these branches inside the loop made tracing measurably slower.
     """
     import tensorflow as tf
 
@@ -55,192 +56,68 @@ def shard_accumulator(job: Job):
     return tf.autograph.experimental.do_not_convert(add), scale, with_shard
 
 
-def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
-    """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss."""
-    import tensorflow as tf
+class InProcessTrainer(loop.Trainer):
+    """Runs N steps per call of one tf.function on this process's replicas, and waits for each call: its loss is
+    checked, and under MultiWorkerMirroredStrategy every worker polls the preemption handler at the same steps."""
 
-    import tf_keras
+    def __init__(self, job: Job):
+        import tensorflow as tf
+        import tf_keras
 
-    model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
-    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+        from runner.builders.model import build_loss
 
-    # The layout and precision choices live in these helpers, which AutoGraph leaves alone (plain TensorFlow,
-    # no tensor-dependent Python): converting their branches inside the step cost ~30 ms of tracing per run.
-    # The step itself stays converted, so a user's model with tensor-dependent Python still gets AutoGraph.
-    @tf.autograph.experimental.do_not_convert
-    def step_loss(losses):
-        """(loss, what to differentiate)."""
-        # Gradients are summed across replicas: divide by the global batch, not the replica's.
-        loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
-        if model.losses:
-            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        # mixed precision: scale the loss up (on the tape) so float16 gradients do not underflow
-        return loss, optimizer.get_scaled_loss(loss) if scaled else loss
+        strategy, data = job.strategy, job.data
+        self.job, self.tf = job, tf
+        with strategy.scope():
+            per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
+        replicas = strategy.num_replicas_in_sync
+        add, scale, with_shard = shard_accumulator(job)
+        replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard)
+        eval_update, self.eval_results = make_evaluator(job, per_example_loss)
 
-    @tf.autograph.experimental.do_not_convert
-    def apply(tape, target, loss, losses):
-        grads = tape.gradient(target, model.trainable_variables)
-        if scaled:
-            grads = optimizer.get_unscaled_gradients(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return (loss, tf.reshape(tf.reduce_mean(losses), [1])) if with_shard else loss
+        @tf.function
+        def train_loop(iterator, num_steps):
+            """(mean loss, mean shard loss per replica) over num_steps steps."""
+            total, shards = tf.constant(0.0), tf.zeros([replicas])
+            for _ in tf.range(num_steps):
+                total, shards = add(strategy.run(replica_step, args=(next(iterator),)), total, shards)
+            count = tf.cast(num_steps, tf.float32)
+            return total / count, shards * scale / count
 
-    def replica_step(inputs):
-        x, y = inputs[0], inputs[1]
-        with tf.GradientTape() as tape:
-            losses = per_example_loss(y, model(x, training=True))
-            loss, target = step_loss(losses)
-        return apply(tape, target, loss, losses)
+        @tf.function
+        def eval_step(inputs):
+            strategy.run(eval_update, args=(inputs,))
 
-    return replica_step
+        self.run_loop, self.eval_step = concrete_per_iterator(train_loop), eval_step
+        per_call = job.train.steps_per_loop
+        self.replicas, self.progress = job.replicas, progress_mode(job.executor.verbose)
+        self.steps_per_call = min(per_call, max(1, job.checkpoint_every or data.steps_per_epoch))
+        self.description = (f"training with a custom loop: {job.train.epochs} epochs x {data.steps_per_epoch} steps "
+                            f"({per_call} per tf.function call), global batch {data.global_batch_size} over "
+                            f"{job.replicas} replica(s)")
+        self.steps = {}  # tf.constant per call length, made once
+        self.out = None
 
+    def begin(self) -> None:
+        self.iterator = iter(self.job.data.distributed_train(self.job.strategy))
 
-def make_evaluator(job: Job, per_example_loss):
-    """(update(batch) to run per replica, results() -> {'eval/loss': ..., 'eval/accuracy': ...})."""
-    import tf_keras
+    def train(self, num_steps: int) -> None:
+        if num_steps not in self.steps:
+            self.steps[num_steps] = self.tf.constant(num_steps)
+        self.out = num_steps, self.run_loop(self.iterator, self.steps[num_steps])  # tensor arguments only: the cheapest call
 
-    from runner.builders.model import build_metrics
+    def sync(self):
+        num_steps, (loss, _) = self.out
+        return [(num_steps, float(loss))]
 
-    with job.strategy.scope():
-        mean_loss = tf_keras.metrics.Mean(name="loss")
-        metrics = build_metrics(job.loss)
+    def report(self, loss: float):
+        return replica_metrics(self.out[1][1].numpy()), ""
 
-    def update(inputs):
-        x, y = inputs[0], inputs[1]
-        logits = job.model(x, training=False)
-        mean_loss.update_state(per_example_loss(y, logits))
-        for metric in metrics:
-            metric.update_state(y, logits)
-
-    def results():
-        return {f"eval/{m.name}": float(m.result()) for m in [mean_loss, *metrics]}
-
-    return update, results
-
-
-class Progress:
-    """A Keras progress bar on a terminal (executor.verbose=1, or auto on a TTY); otherwise one log line
-    every train.log_every_n_steps steps."""
-
-    def __init__(self, job: Job, steps_per_epoch: int, epochs: int):
-        verbose = job.executor.verbose
-        self.bar_mode = (sys.stdout.isatty() if verbose == "auto" else int(verbose) == 1)
-        self.quiet = str(verbose) == "0"
-        self.spe, self.epochs, self.bar = steps_per_epoch, epochs, None
-
-    def epoch(self, epoch: int) -> None:
-        if self.bar_mode:
-            import tf_keras
-
-            print(f"Epoch {epoch + 1}/{self.epochs}")
-            self.bar = tf_keras.utils.Progbar(self.spe, stateful_metrics=["loss"])
-
-    def update(self, done: int, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.update(done, values=[("loss", loss)])
-
-    def line(self, epoch: int, done: int, loss: float, rates) -> None:
-        if not self.bar_mode and not self.quiet:
-            log.info(progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates))
-
-
-def finish(job: Job, meter: Throughput, step: int, epoch_loss: float, train_sec: float, evaluate) -> Result:
-    """Evaluate (evaluate() -> {'eval/...': value}), report the eval and whole-run figures, build the Result."""
-    started = time.perf_counter()
-    results = evaluate()
-    phases.mark("evaluation")
-    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
-    summary = meter.summary(train_sec)
-    job.reporter.log_metrics({**results, **summary}, step)
-    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
-
-
-def checkpoint_due(job: Job, step: int, epoch_end: bool, last_saved: int) -> bool:
-    if not job.checkpoints:
-        return False
-    if job.checkpoint_every:
-        return step - last_saved >= job.checkpoint_every or (epoch_end and step == job.train.epochs * job.data.steps_per_epoch)
-    return epoch_end
+    def evaluate(self):
+        for batch in teardown.keep(iter(self.job.data.distributed_eval(self.job.strategy))):
+            self.eval_step(batch)
+        return self.eval_results()
 
 
 def run_custom_loop(job: Job) -> Result:
-    if job.parameter_server:
-        from runner.executors.ps_loop import run_ps_loop
-
-        return run_ps_loop(job)
-    import tensorflow as tf
-    import tf_keras
-
-    from runner.builders.model import build_loss
-
-    strategy, data = job.strategy, job.data
-    with strategy.scope():
-        per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
-    replicas = strategy.num_replicas_in_sync
-    add, scale, with_shard = shard_accumulator(job)
-    replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard)
-    eval_update, eval_results = make_evaluator(job, per_example_loss)
-
-    @tf.function
-    def train_loop(iterator, num_steps):
-        """(mean loss, mean shard loss per replica) over num_steps steps."""
-        total, shards = tf.constant(0.0), tf.zeros([replicas])
-        for _ in tf.range(num_steps):
-            total, shards = add(strategy.run(replica_step, args=(next(iterator),)), total, shards)
-        count = tf.cast(num_steps, tf.float32)
-        return total / count, shards * scale / count
-
-    run_loop = concrete_per_iterator(train_loop)
-
-    @tf.function
-    def eval_step(inputs):
-        strategy.run(eval_update, args=(inputs,))
-
-    spe, epochs, every = data.steps_per_epoch, job.train.epochs, job.train.log_every_n_steps
-    per_call = job.train.steps_per_loop
-    meter = Throughput(data.global_batch_size, job.replicas)
-    progress = Progress(job, spe, epochs)
-    step = last_saved = job.restore()
-    log.info("training with a custom loop: %d epochs x %d steps (%d per tf.function call), global batch %d over %d replica(s)",
-             epochs, spe, per_call, data.global_batch_size, job.replicas)
-    meter.start()
-    started = time.perf_counter()
-    iterator = iter(data.distributed_train(strategy))
-    steps = {}  # tf.constant per loop length, made once
-    epoch_loss = float("nan")
-    with StopGuard(job) as guard:
-        for epoch in range(step // spe, epochs):
-            done = step - epoch * spe
-            loss_sum, counted, logged_at = 0.0, 0, done
-            progress.epoch(epoch)
-            while done < spe:
-                n = min(per_call, spe - done, max(1, job.checkpoint_every or spe))
-                log_now = done + n - logged_at >= every or done + n == spe
-                if n not in steps:
-                    steps[n] = tf.constant(n)
-                loss, shards = run_loop(iterator, steps[n])  # tensor arguments only: the cheapest call
-                done, step, counted = done + n, step + n, counted + n
-                loss = float(loss)
-                check_loss(job, loss, step)
-                loss_sum += loss * n
-                meter.tick(step)
-                epoch_loss = loss_sum / counted
-                progress.update(done, epoch_loss)
-                if log_now:
-                    logged_at = done
-                    rates = meter.window()
-                    job.reporter.log_metrics({"loss": epoch_loss, **replica_metrics(shards.numpy()), **rates}, step)
-                    progress.line(epoch, done, epoch_loss, rates)
-                if checkpoint_due(job, step, done == spe, last_saved):
-                    job.checkpoints.save(step)
-                    last_saved = step
-                guard.check(step)
-    train_sec = time.perf_counter() - started
-    phases.mark("train")
-
-    def evaluate():
-        for batch in teardown.keep(iter(data.distributed_eval(strategy))):
-            eval_step(batch)
-        return eval_results()
-
-    return finish(job, meter, step, epoch_loss, train_sec, evaluate)
+    return loop.run(job, InProcessTrainer(job))

@@ -1,13 +1,14 @@
 """Keras Model.fit then Model.evaluate, with per-replica losses and throughput reported every N steps."""
 
-import sys
 import time
 
 import numpy as np
 
 from runner import phases
+from runner.executors import tf_private
 from runner.executors.base import (Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line,
-                                   replica_metrics)
+                                   progress_mode, replica_metrics)
+from runner.executors.evaluation import evaluate_on_coordinator
 from runner.executors.replica_losses import ShardLosses
 from runner.stopping import StopGuard
 
@@ -25,10 +26,11 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
 
     local = shard_losses is not None
 
-    class ReplicaLossModel(tf_keras.Model):
+    class ReplicaLossModel(tf_private.ResumeInsideEpoch, tf_keras.Model):  # resumes at initial_step, inside an epoch too
         def __init__(self):
             super().__init__(name="replica_loss_model")
             self.inner = inner
+            self.resume_step = initial_step
 
         def replica_losses(self, logs):
             """Every replica's shard loss at the last step, in replica order."""
@@ -47,10 +49,6 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
             if not cached and fn is self.train_tf_function:
                 self.train_function = concrete_per_iterator(fn)
             return self.train_function
-
-        def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch):
-            # Keras's hook for resuming inside an epoch (BackupAndRestore uses it): start at the checkpoint's step.
-            return divmod(initial_step, steps_per_epoch) if initial_step else (initial_epoch, 0)
 
         def train_step(self, data):
             x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
@@ -78,14 +76,6 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
             return logs
 
     return ReplicaLossModel()
-
-
-def _progress_mode(verbose) -> str:
-    """bar (Keras' progress bar: a terminal, or executor.verbose=1), lines (one log line every
-    train.log_every_n_steps steps: not a terminal, or verbose=2) or quiet (verbose=0)."""
-    if str(verbose) == "auto":
-        return "bar" if sys.stdout.isatty() else "lines"
-    return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
 
 
 def _progress_bar():
@@ -118,7 +108,8 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = not job.parameter_server  # remote values there: let Keras fetch them
+            # Tensor logs, read only when reported; parameter_server: remote values, let Keras fetch them.
+            tf_private.take_tf_logs(self, not job.parameter_server)
             self.epoch, self.logged_at, self.ended = 0, initial_step, None
 
         def on_train_begin(self, logs=None):
@@ -126,7 +117,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 
         def on_train_end(self, logs=None):
             # Training ends here. Model.fit then drops its input iterator, and tf.data's autotuning can hold that
-            # teardown for up to ~1 s, at random: not training time, so time/train_sec stops here.
+            # teardown for a long while, at random: not training time, so time/train_sec stops here.
             self.ended = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -170,26 +161,13 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
     return [report, _progress_bar()] if mode == "bar" else [report]
 
 
-def evaluate_on_coordinator(job: Job) -> dict:
-    """parameter_server: Model.evaluate would schedule a finite dataset on the workers (OutOfRange at its end);
-    evaluate here instead, reading the variables from the ps tasks."""
-    import tf_keras
-
-    from runner.builders.model import build_loss
-    from runner.executors.custom_loop import make_evaluator
-
-    update, results = make_evaluator(job, build_loss(job.loss, tf_keras.losses.Reduction.NONE))
-    for batch in job.data.eval_dataset():
-        update(batch)
-    return results()
-
-
 def run_fit(job: Job) -> Result:
     import tf_keras
 
     from runner.builders.model import build_loss, build_metrics
 
     initial_step = job.restore()
+    tf_private.ResumeInsideEpoch.check()
     gather = not job.parameter_server
     shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
     with job.strategy.scope():
@@ -202,7 +180,7 @@ def run_fit(job: Job) -> Result:
             steps_per_execution=job.train.steps_per_execution,
         )
     model.distribute_reduction_method = "first"
-    mode = _progress_mode(job.executor.verbose)
+    mode = progress_mode(job.executor.verbose)
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
     initial_epoch = initial_step // data.steps_per_epoch

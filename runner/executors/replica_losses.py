@@ -2,8 +2,8 @@
 on its own device.
 
 The step writes one scalar per replica, locally, with no cross-device op; the host reads the copies only when
-metrics are logged. (An all-gather in every step cost a quarter of MirroredStrategy's step on 4 CPUs. The custom
-loop needs none of this: it stacks the replicas' shares of the loss on the host instead.)
+metrics are logged. (An all-gather in every step made MirroredStrategy's step much slower: docs/benchmarks.md. The
+custom loop needs none of this: it stacks the replicas' shares of the loss on the host instead.)
 """
 
 from typing import List

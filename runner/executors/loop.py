@@ -1,0 +1,140 @@
+"""The one outer training loop, for every custom-loop executor (Orbit's Controller / StandardTrainer split).
+
+`run(job, trainer)` owns what is the same whatever runs the steps: restore, the throughput meter, epochs, how
+many steps each call runs, the logging cadence, the loss check, checkpoints, stop requests (SIGINT/SIGTERM) and
+the end of training (evaluation, whole-run figures, the Result). A Trainer supplies only the inner part: run (or
+schedule) N steps, hand back their losses, evaluate. The in-process custom loop (custom_loop.py) and the
+parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has its own loop (fit.py).
+"""
+
+import time
+from typing import Dict, List, Tuple
+
+from runner import phases, stopping
+from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line
+
+
+class Trainer:
+    """The inner loop. Subclasses set the attributes and implement train, sync and evaluate."""
+
+    description = ""  # the log line that starts training
+    replicas = 1  # for examples/sec per replica
+    progress = "lines"  # bar | lines | quiet (base.progress_mode)
+    steps_per_call = 1  # the most steps one train() call runs
+    sync_every_call = True  # wait for each call: check its loss, poll for stop requests after every call
+
+    def begin(self) -> None:
+        """Right before the first call, inside the training time (e.g. start the input iterator)."""
+
+    def train(self, num_steps: int) -> None:
+        """Run, or schedule, num_steps training steps."""
+        raise NotImplementedError
+
+    def sync(self) -> List[Tuple[int, float]]:
+        """Wait for every call since the last sync: (steps, mean loss) for each of them."""
+        raise NotImplementedError
+
+    def report(self, loss: float) -> Tuple[Dict[str, float], str]:
+        """At a logged step: metrics beside `loss` and the throughput, and text for the end of the progress line."""
+        return {}, ""
+
+    def end(self) -> None:
+        """After the last step: wait for anything still running."""
+
+    def evaluate(self) -> Dict[str, float]:
+        """{'eval/...': value} on the eval split."""
+        raise NotImplementedError
+
+
+class Progress:
+    """A Keras progress bar on a terminal (mode bar); otherwise one log line every train.log_every_n_steps
+    steps (lines), or nothing (quiet)."""
+
+    def __init__(self, mode: str, steps_per_epoch: int, epochs: int):
+        self.mode, self.spe, self.epochs, self.bar = mode, steps_per_epoch, epochs, None
+
+    def epoch(self, epoch: int) -> None:
+        if self.mode == "bar":
+            import tf_keras
+
+            print(f"Epoch {epoch + 1}/{self.epochs}")
+            self.bar = tf_keras.utils.Progbar(self.spe, stateful_metrics=["loss"])
+
+    def update(self, done: int, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(done, values=[("loss", loss)])
+
+    def line(self, epoch: int, done: int, loss: float, rates, suffix: str = "") -> None:
+        if self.mode == "lines":
+            log.info(progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates) + suffix)
+
+
+def checkpoint_due(job: Job, step: int, epoch_end: bool, last_saved: int) -> bool:
+    if not job.checkpoints:
+        return False
+    if job.checkpoint_every:
+        return step - last_saved >= job.checkpoint_every or (epoch_end and step == job.train.epochs * job.data.steps_per_epoch)
+    return epoch_end
+
+
+def finish(job: Job, meter: Throughput, step: int, epoch_loss: float, train_sec: float, evaluate) -> Result:
+    """Evaluate (evaluate() -> {'eval/...': value}), report the eval and whole-run figures, build the Result."""
+    started = time.perf_counter()
+    results = evaluate()
+    phases.mark("evaluation")
+    log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
+    summary = meter.summary(train_sec)
+    job.reporter.log_metrics({**results, **summary}, step)
+    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
+
+
+def run(job: Job, trainer: Trainer) -> Result:
+    """Train job.train.epochs epochs from the latest checkpoint's step, then evaluate.
+
+    A call's steps are synced (waited for, their losses read) after every call when the trainer says so, and
+    otherwise only when metrics are logged, a checkpoint is due or a stop was requested: variables and losses
+    are final at a sync, so the loss check, checkpoints and stop requests happen there.
+    """
+    data = job.data
+    spe, epochs, every = data.steps_per_epoch, job.train.epochs, job.train.log_every_n_steps
+    meter = Throughput(data.global_batch_size, trainer.replicas)
+    progress = Progress(trainer.progress, spe, epochs)
+    step = last_saved = job.restore()
+    log.info(trainer.description)
+    meter.start()
+    started = time.perf_counter()
+    trainer.begin()
+    epoch_loss = float("nan")
+    with stopping.StopGuard(job) as guard:
+        for epoch in range(step // spe, epochs):
+            done = step - epoch * spe
+            loss_sum, counted, logged_at = 0.0, 0, done
+            progress.epoch(epoch)
+            while done < spe:
+                n = min(trainer.steps_per_call, spe - done)
+                trainer.train(n)
+                done, step = done + n, step + n
+                due_log = done - logged_at >= every or done == spe
+                due_ckpt = checkpoint_due(job, step, done == spe, last_saved)
+                if not (trainer.sync_every_call or due_log or due_ckpt or stopping.requested()):
+                    continue
+                for k, loss in trainer.sync():
+                    loss_sum, counted = loss_sum + loss * k, counted + k
+                epoch_loss = loss_sum / counted
+                check_loss(job, epoch_loss, step)
+                meter.tick(step)
+                progress.update(done, epoch_loss)
+                if due_log:
+                    logged_at = done
+                    rates = meter.window()
+                    extra, suffix = trainer.report(epoch_loss)
+                    job.reporter.log_metrics({"loss": epoch_loss, **extra, **rates}, step)
+                    progress.line(epoch, done, epoch_loss, rates, suffix)
+                if due_ckpt:
+                    job.checkpoints.save(step)
+                    last_saved = step
+                guard.check(step)
+    trainer.end()
+    train_sec = time.perf_counter() - started
+    phases.mark("train")
+    return finish(job, meter, step, epoch_loss, train_sec, trainer.evaluate)

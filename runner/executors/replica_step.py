@@ -1,0 +1,47 @@
+"""One replica's training step of the guide's custom loop: GradientTape, compute_average_loss, apply_gradients.
+
+Shared by the in-process custom loop (custom_loop.py) and the parameter-server coordinator (ps_loop.py), which
+runs it on the workers through strategy.run.
+"""
+
+from runner.executors.base import Job
+
+
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
+    """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss."""
+    import tensorflow as tf
+
+    import tf_keras
+
+    model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size
+    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
+    # The layout and precision choices live in these helpers, which AutoGraph leaves alone (plain TensorFlow,
+    # no tensor-dependent Python): converting their branches inside the step made tracing measurably slower.
+    # The step itself stays converted, so a user's model with tensor-dependent Python still gets AutoGraph.
+    @tf.autograph.experimental.do_not_convert
+    def step_loss(losses):
+        """(loss, what to differentiate)."""
+        # Gradients are summed across replicas: divide by the global batch, not the replica's.
+        loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        # mixed precision: scale the loss up (on the tape) so float16 gradients do not underflow
+        return loss, optimizer.get_scaled_loss(loss) if scaled else loss
+
+    @tf.autograph.experimental.do_not_convert
+    def apply(tape, target, loss, losses):
+        grads = tape.gradient(target, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return (loss, tf.reshape(tf.reduce_mean(losses), [1])) if with_shard else loss
+
+    def replica_step(inputs):
+        x, y = inputs[0], inputs[1]
+        with tf.GradientTape() as tape:
+            losses = per_example_loss(y, model(x, training=True))
+            loss, target = step_loss(losses)
+        return apply(tape, target, loss, losses)
+
+    return replica_step

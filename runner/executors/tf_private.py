@@ -1,0 +1,68 @@
+"""Every private TensorFlow / tf_keras name the executors touch, in one place, each with its public fallback.
+
+They are kept only where they make the training loop measurably faster (docs/benchmarks.md, "Why the executors
+are built this way") or where Keras offers no public way at all (resuming Model.fit inside an epoch).
+tests/test_tf_private.py fails loudly when a TensorFlow release moves any of them; until then the fallbacks keep
+runs correct, only slower (or, for the resume hook, starting again at the epoch's first step, with a warning).
+"""
+
+import logging
+
+log = logging.getLogger("runner")
+
+CALL_FLAT = "_call_flat"  # ConcreteFunction: call with flat tensors, after tf.function's own argument matching
+TF_LOGS = "_supports_tf_logs"  # tf_keras Callback: take the step's tensors as they are, no host copy per batch
+RESUME_HOOK = "_maybe_load_initial_counters_from_ckpt"  # tf_keras Model.fit: (epoch, step) to start at
+_warned = set()
+
+
+def _warn_once(what: str, instead: str = "the public API is used instead: slower, same results") -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("this TensorFlow has no %s; %s", what, instead)
+
+
+def flat_caller(concrete, iterator, args):
+    """caller(iterator, *tensors) calling `concrete` (traced for `iterator` and the tensors `args`) with flat
+    inputs: the iterator's resource handles, flattened once here, then the tensors. None when that is not safe
+    (arguments that are not plain tensors) or not possible (another TensorFlow): the caller then uses the public
+    call, `concrete(iterator, *tensors)`."""
+    call_flat = getattr(concrete, CALL_FLAT, None)
+    function_type = getattr(concrete, "function_type", None)
+    if call_flat is None or not hasattr(function_type, "unpack_inputs"):
+        _warn_once(f"ConcreteFunction.{CALL_FLAT}")
+        return None
+    flat = function_type.unpack_inputs(function_type.bind(iterator, *args))
+    handles = flat[:len(flat) - len(args)]
+    if any(a is not b for a, b in zip(flat[len(handles):], args)):
+        return None  # not plain tensors: tf.function's own matching decides what they become
+
+    def caller(iterator, *tensors):
+        return call_flat(handles + list(tensors), captured_inputs=concrete.captured_inputs)
+
+    return caller
+
+
+def take_tf_logs(callback, enabled: bool = True):
+    """Let a tf_keras callback receive the step's logs as tensors: Keras then skips copying every batch's logs to
+    the host, and the callback reads them only when it reports. Without the attribute, Keras copies (slower)."""
+    setattr(callback, TF_LOGS, enabled)
+    return callback
+
+
+class ResumeInsideEpoch:
+    """Mixin for a tf_keras Model (put it first among the bases): Model.fit starts at global step `resume_step`,
+    inside an epoch too, through the hook Keras' own BackupAndRestore uses; there is no public one."""
+
+    resume_step = 0
+
+    def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch):
+        return divmod(self.resume_step, steps_per_epoch) if self.resume_step else (initial_epoch, 0)
+
+    @staticmethod
+    def check() -> None:
+        """Warn when this tf_keras no longer calls the hook: fit would restart at the epoch's first step."""
+        import tf_keras
+
+        if not hasattr(tf_keras.Model, RESUME_HOOK):
+            _warn_once(f"tf_keras.Model.{RESUME_HOOK}", "Model.fit resumes at the first step of the checkpoint's epoch")

@@ -1,0 +1,143 @@
+"""The one outer training loop (runner/executors/loop.py), in process, with a fake inner loop: no TensorFlow.
+
+It checks what the loop owns for every custom-loop executor: call sizes, when the inner loop is synced, the
+logging cadence, checkpoints, the loss check, resuming inside an epoch and stopping on a signal.
+"""
+
+import math
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from runner import stopping
+from runner.errors import TrainingError
+from runner.executors import loop
+
+
+class Reporter:
+    def __init__(self):
+        self.logged = []
+
+    def log_metrics(self, values, step):
+        self.logged.append((step, dict(values)))
+
+
+class Checkpoints:
+    directory, last_step = "/nowhere", None
+
+    def __init__(self, start=0):
+        self.start, self.saved = start, []
+
+    def restore(self):
+        return self.start
+
+    def save(self, step):
+        self.saved.append(step)
+        self.last_step = step
+
+
+def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None):
+    job = SimpleNamespace(
+        data=SimpleNamespace(steps_per_epoch=spe, global_batch_size=8),
+        train=SimpleNamespace(epochs=epochs, log_every_n_steps=every, optimizer=SimpleNamespace(learning_rate=0.1)),
+        reporter=Reporter(), checkpoints=checkpoints, checkpoint_every=checkpoint_every,
+        parameter_server=True, multi_worker=False, cluster=None, strategy=None,  # StopGuard: no TF handler
+    )
+    job.restore = lambda: checkpoints.restore() if checkpoints else 0
+    return job
+
+
+class FakeTrainer(loop.Trainer):
+    """Each step's loss is its global step number; records every call and sync."""
+
+    description = "training with a fake loop"
+    progress = "quiet"
+
+    def __init__(self, steps_per_call, sync_every_call=True, losses=None):
+        self.steps_per_call, self.sync_every_call = steps_per_call, sync_every_call
+        self.losses = losses or {}
+        self.step, self.calls, self.syncs, self.pending = 0, [], [], []
+
+    def train(self, num_steps):
+        first = self.step + 1
+        self.step += num_steps
+        self.calls.append(num_steps)
+        self.pending.append((num_steps, self.losses.get(self.step, (first + self.step) / 2)))
+
+    def sync(self):
+        self.syncs.append(self.step)
+        done, self.pending = self.pending, []
+        return done
+
+    def report(self, loss):
+        return {"extra": 1.0}, ""
+
+    def evaluate(self):
+        return {"eval/loss": 0.5}
+
+
+@pytest.fixture(autouse=True)
+def clean_signals():
+    handlers = {s: signal.getsignal(s) for s in stopping.EXIT_CODES}
+    yield
+    stopping._received.clear()
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
+def test_calls_are_cut_at_epoch_ends_logged_on_cadence_and_synced_after_each_call():
+    job = make_job()
+    trainer = FakeTrainer(steps_per_call=3)
+    result = loop.run(job, trainer)
+    assert trainer.calls == [3, 3, 3, 1] * 2 and trainer.syncs == [3, 6, 9, 10, 13, 16, 19, 20]
+    steps = [step for step, values in job.reporter.logged if "loss" in values]
+    assert steps == [6, 10, 16, 20]  # every 4 steps or more, and each epoch's end
+    step, values = job.reporter.logged[2]
+    assert values["loss"] == pytest.approx(sum(range(11, 17)) / 6) and values["extra"] == 1.0  # the epoch's mean so far
+    assert "throughput/examples_per_sec" in values
+    assert (result.steps, result.final_loss, result.eval) == (20, pytest.approx(15.5), {"eval/loss": 0.5})
+    assert job.reporter.logged[-1][0] == 20 and "time/train_sec" in job.reporter.logged[-1][1]
+
+
+def test_an_asynchronous_inner_loop_is_synced_only_to_log_or_checkpoint():
+    checkpoints = Checkpoints()
+    job = make_job(epochs=1, spe=12, every=6, checkpoints=checkpoints, checkpoint_every=4)
+    trainer = FakeTrainer(steps_per_call=2, sync_every_call=False)
+    loop.run(job, trainer)
+    assert trainer.calls == [2] * 6
+    assert trainer.syncs == [4, 6, 8, 12] and checkpoints.saved == [4, 8, 12]
+    assert [step for step, values in job.reporter.logged if "loss" in values] == [6, 12]
+
+
+def test_a_non_finite_loss_stops_training_naming_the_step_and_the_last_checkpoint():
+    checkpoints = Checkpoints()
+    job = make_job(checkpoints=checkpoints, checkpoint_every=5)
+    with pytest.raises(TrainingError, match=r"the training loss became nan by step 9; .* last good checkpoint \(step 6\)"):
+        loop.run(job, FakeTrainer(steps_per_call=3, losses={9: math.nan}))
+    assert checkpoints.saved == [6]
+
+
+def test_a_resumed_run_starts_inside_its_epoch():
+    job = make_job(checkpoints=Checkpoints(start=13))
+    trainer = FakeTrainer(steps_per_call=4)
+    trainer.step = 13
+    result = loop.run(job, trainer)
+    assert trainer.calls == [4, 3] and result.steps == 20
+    assert job.checkpoints.saved == [20]  # no checkpoint.every_n_steps: each epoch's end
+
+
+def test_a_stop_request_saves_at_the_next_sync_and_stops():
+    checkpoints = Checkpoints()
+    job = make_job(checkpoints=checkpoints)
+
+    class Signalled(FakeTrainer):
+        def train(self, num_steps):
+            super().train(num_steps)
+            if self.step == 4:
+                stopping._received.append(signal.SIGTERM)
+
+    trainer = Signalled(steps_per_call=2, sync_every_call=False)
+    with pytest.raises(stopping.Stopped, match="at step 4: checkpoint written at step 4"):
+        loop.run(job, trainer)
+    assert trainer.syncs == [4] and checkpoints.saved == [4]

@@ -1,0 +1,70 @@
+"""The private TensorFlow / tf_keras names in runner/executors/tf_private.py still exist and still do what the
+runner relies on. In process, one small graph or model each: when a TensorFlow release moves one, this fails
+loudly here, instead of the runner going quietly slower (or resuming fit at an epoch's start)."""
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+def test_call_flat_fast_path_exists_and_gives_the_public_calls_results():
+    import tensorflow as tf
+
+    from runner.executors import tf_private
+
+    @tf.function
+    def take(iterator, n):
+        total = tf.constant(0, tf.int64)
+        for _ in tf.range(n):
+            total += next(iterator)
+        return total
+
+    iterator, n = iter(tf.data.Dataset.range(100)), tf.constant(3)
+    concrete = take.get_concrete_function(iterator, n)
+    assert callable(getattr(concrete, tf_private.CALL_FLAT, None)), f"ConcreteFunction.{tf_private.CALL_FLAT} is gone"
+    caller = tf_private.flat_caller(concrete, iterator, (n,))
+    assert caller is not None, "the flat inputs are no longer the iterator's handles followed by the tensors"
+    assert int(caller(iterator, n)) == 0 + 1 + 2 and int(concrete(iterator, n)) == 3 + 4 + 5
+    assert int(caller(iterator, tf.constant(2))) == 6 + 7
+    assert not tf_private._warned
+
+
+def test_a_callback_can_still_take_the_steps_tensor_logs():
+    import tensorflow as tf
+    import tf_keras
+
+    from runner.executors import tf_private
+
+    seen = []
+
+    class Recorder(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(logs["loss"])
+
+    for takes in (True, False):
+        callbacks = tf_keras.callbacks.CallbackList([tf_private.take_tf_logs(Recorder(), takes)], add_progbar=False)
+        callbacks.on_train_batch_end(0, {"loss": tf.constant(1.5)})
+    assert tf.is_tensor(seen[0]), f"Keras copied the logs to the host despite {tf_private.TF_LOGS}"
+    assert not tf.is_tensor(seen[1]) and float(seen[1]) == 1.5
+
+
+def test_model_fit_still_asks_the_resume_hook_where_to_start():
+    import numpy as np
+    import tf_keras
+
+    from runner.executors import tf_private
+
+    assert hasattr(tf_keras.Model, tf_private.RESUME_HOOK), f"tf_keras.Model.{tf_private.RESUME_HOOK} is gone"
+
+    class Resumed(tf_private.ResumeInsideEpoch, tf_keras.Sequential):
+        pass
+
+    model = Resumed([tf_keras.layers.Dense(1)])
+    model.resume_step = 7  # epoch 1 (of 5 steps each), its third step
+    model.compile(optimizer="sgd", loss="mse")
+    batches = []
+    recorder = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batches.append(batch),
+                                                 on_epoch_begin=lambda epoch, logs: batches.append(f"epoch {epoch}"))
+    x = np.ones((10, 2), np.float32)
+    model.fit(x, x[:, :1], batch_size=2, epochs=2, steps_per_epoch=5, verbose=0, callbacks=[recorder])
+    assert batches == ["epoch 1", 2, 3, 4]
