@@ -2,18 +2,18 @@
 
 It builds the same model without a strategy, restores each new checkpoint, evaluates on the eval split
 and reports `sidecar/*` metrics at the checkpoint's step. It stops after the final step's checkpoint.
+New checkpoints come from tf.train.checkpoints_iterator: it polls every second and, with no timeout, waits as
+long as training runs; the end of training is the final step's checkpoint, seen here.
 """
 
 import contextlib
 import logging
 import os
-import time
 
 from runner import datasets
 from runner.tracking import ATTACH_ENV, NullRun, mlflow_run
 
 log = logging.getLogger("runner")
-POLL_SEC = 1.0
 
 
 def evaluate_checkpoints(cfg, cluster) -> dict:
@@ -34,19 +34,16 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     # Under the localhost launcher the metrics go into the job's run; elsewhere only to this task's log.
     context = mlflow_run(cfg) if os.environ.get(ATTACH_ENV) else contextlib.nullcontext(NullRun())
     log.info("%s: evaluating checkpoints in %s until step %d", cluster.task, directory, final_step)
-    seen, results = None, {}
+    results = {}
     with context as run:
-        while int(step.numpy()) < final_step:
-            latest = tf.train.latest_checkpoint(directory)
-            if latest is None or latest == seen:
-                time.sleep(POLL_SEC)
-                continue
+        for latest in tf.train.checkpoints_iterator(directory):  # each new one, as it appears
             checkpoint.restore(latest).expect_partial()
-            seen = latest
             results = model.evaluate(data.eval_dataset(), return_dict=True, verbose=0)
             metrics = {f"sidecar/eval_{k}": float(v) for k, v in results.items()}
             run.log_metrics(metrics, int(step.numpy()))
             run.flush()
             log.info("%s: step %d %s", cluster.task, int(step.numpy()),
                      ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+            if int(step.numpy()) >= final_step:
+                break
     return results
