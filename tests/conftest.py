@@ -1,49 +1,15 @@
-"""Shared helpers: run the real runner as a subprocess (one process per experiment, as TensorFlow's
-logical devices require) against a throw-away MLflow store, and read the results back."""
+"""Fixtures only; the helpers they use (and the tests import) are in tests/helpers.py.
 
-import os
-import subprocess
-import sys
+End-to-end fixtures: a session store that parallel runs of the real runner share, the runner itself, a real
+MLflow server. Unit-test fixture: `sqlite_uri`, a fresh MLflow SQLite store per test, copied from one migrated
+template (MLflow's migrations take seconds; a copy takes milliseconds).
+"""
+
+import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-# Small and quick, but enough steps that a loss has room to fall.
-FAST = [
-    "data.num_examples=512",
-    "data.eval_examples=128",
-    "train.epochs=2",
-    "train.global_batch_size=64",
-    "train.log_every_n_steps=1",
-    "train.optimizer.learning_rate=0.3",
-]
-
-
-@dataclass
-class Completed:
-    args: list
-    returncode: int
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-
-def run_runner(args, cwd, run_dir, tracking_uri=None, env_extra=None, timeout=300) -> Completed:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(PYTHONUNBUFFERED="1", **(env_extra or {}))
-    argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={run_dir}"]
-    if tracking_uri:
-        argv.append(f"mlflow.tracking_uri={tracking_uri}")
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    return Completed(list(args), proc.returncode, proc.stdout, proc.stderr, Path(run_dir))
+from helpers import MlflowServer, run_runner
 
 
 @pytest.fixture(scope="session")
@@ -76,120 +42,27 @@ def runner(store):
     return run
 
 
-def mlflow_run_by_name(uri, experiment, name):
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    assert exp is not None, f"no MLflow experiment {experiment!r}"
-    found = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
-    assert len(found) == 1, f"expected one run named {name!r}, found {len(found)}"
-    return client, found[0]
-
-
-def leftover_processes(marker_env="RUNNER_LAUNCH_ID"):
-    """PIDs of processes that still carry a launcher's marker in their environment."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker_env.encode() + b"=" in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
-class LiveRun:
-    """A runner process whose merged output is read line by line while it runs."""
-
-    def __init__(self, args, cwd, run_dir, tracking_uri):
-        import queue
-        import threading
-
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        env["PYTHONUNBUFFERED"] = "1"
-        argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={tracking_uri}"]
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines, self._queue = [], queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def wait_for(self, predicate, timeout):
-        """The first line for which predicate(line) is true; fails after timeout seconds."""
-        import queue
-        import time
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            self.lines.append(line)
-            if predicate(line):
-                return line
-        raise AssertionError("expected line never came; output:\n" + "".join(self.lines[-60:]))
-
-    def finish(self, timeout):
-        """(exit code, whole output)."""
-        code = self.proc.wait(timeout=timeout)
-        while True:
-            line = self._queue.get(timeout=10)
-            if line is None:
-                break
-            self.lines.append(line)
-        return code, "".join(self.lines)
-
-
-class MlflowServer:
-    """A real `mlflow server` on 127.0.0.1 over an SQLite store, which tests stop and start again mid-run."""
-
-    def __init__(self, root: Path):
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.root, self.proc = root, None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout=60):
-        import time
-        import urllib.request
-
-        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.root}/server.db", "--default-artifact-root", str(self.root / "artifacts")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.3)
-        raise AssertionError("mlflow server did not come up")
-
-    def stop(self):
-        import signal
-
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # gone at once, as a crashed server would be
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory):
+    """An MLflow SQLite store with MLflow's migrations run once, and nothing else in it: the template `sqlite_uri`
+    copies."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def sqlite_uri(migrated_store, tmp_path):
+    """A fresh, empty MLflow store of this test's own: sqlite:///<tmp_path>/mlflow.db."""
+    path = tmp_path / "mlflow.db"
+    shutil.copy(migrated_store, path)
+    return f"sqlite:///{path}"

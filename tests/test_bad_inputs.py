@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from omegaconf import OmegaConf
 
-from conftest import ROOT, run_runner
+from helpers import ROOT, run_runner
 from runner import data_checks, datasets, schema
 from runner.builders.data import build_data
 from runner.errors import ConfigError
@@ -211,6 +211,7 @@ def test_every_out_of_range_value_is_refused_naming_its_key(base_cfg, key, data)
     assert repr(value) in message or str(value) in message, message
 
 
+@pytest.mark.slow  # end to end: runs `python -m runner` for each drawn case
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=bad_override)
 def test_the_cli_refuses_bad_config_in_one_paragraph(tmp_path_factory, case):
@@ -297,6 +298,7 @@ def _processes_mentioning(text):
     return found
 
 
+@pytest.mark.slow  # end to end: runs `python -m runner` through TensorFlow
 def test_bad_data_and_devices_end_failed_before_the_first_step(runner, bad_files):
     from mlflow import MlflowClient
 

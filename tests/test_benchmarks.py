@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
+
+pytestmark = pytest.mark.slow  # end to end: each benchmark is a subprocess that imports TensorFlow
 
 IN_PROCESS = {
     # module: (arguments, the ways it times, in order; the first is the reference)

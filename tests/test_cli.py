@@ -12,9 +12,10 @@ import threading
 import time
 import urllib.request
 
+import pytest
 import yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 CONF = ROOT / "conf"
 HELP_YAML = CONF / "hydra" / "help" / "runner.yaml"
@@ -43,6 +44,7 @@ def _get(url):
         return response.status, response.read()
 
 
+@pytest.mark.slow  # end to end: starts a real MLflow server
 def test_dashboard_prints_its_address_once_it_answers_and_stays_quiet(tmp_path):
     port = _free_port()
     proc = subprocess.Popen(
@@ -127,6 +129,7 @@ def test_help_template_names_every_plain_node():
         assert re.search(rf"^{key}\b", plain, re.M), f"{key} is missing from the --help template"
 
 
+@pytest.mark.slow  # end to end: runs the runner in a subprocess
 def test_help_lists_the_user_groups_not_the_schemas_and_skips_tensorflow():
     probe = (
         "import atexit, sys\n"
@@ -161,6 +164,7 @@ def test_deliver_in_a_run_directory_with_nothing_pending_succeeds(tmp_path):
     assert done.returncode == 0 and "Nothing to deliver" in done.stdout
 
 
+@pytest.mark.slow  # end to end: runs `python -m runner` three times
 def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_runs(tmp_path):
     """Hydra makes the run directory before any runner code runs: a path under a regular file, or under /proc,
     used to end in its traceback."""

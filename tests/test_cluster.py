@@ -12,7 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import FAST, LiveRun, leftover_processes, mlflow_run_by_name
+from helpers import FAST, LiveRun, leftover_processes, mlflow_run_by_name
+
+pytestmark = pytest.mark.slow  # end to end: each test starts `python -m runner` clusters of real task processes
 
 EXPERIMENT = "cluster"
 MWMS = ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"]
@@ -129,7 +131,7 @@ def test_resume_continues_checkpoint_and_mlflow_run(runner):
 
 
 def _pid_of(live, task, timeout=120):
-    line = live.wait_for(lambda l: f"started {task} (pid" in l, timeout)
+    line = live.wait_for(lambda line: f"started {task} (pid" in line, timeout)
     return int(re.search(r"pid (\d+)", line).group(1))
 
 
@@ -144,7 +146,7 @@ def test_dead_mwms_worker_stops_the_job_and_the_rerun_resumes(runner):
             "mlflow.run_name=mwms-death"]
     live = LiveRun(args, runner.root, run_dir, runner.uri)
     victim = _pid_of(live, "worker:1")
-    live.wait_for(lambda l: re.search(r"\[worker:0\].*epoch ([3-9]|\d\d)/40", l), 180)  # past a checkpoint
+    live.wait_for(lambda line: re.search(r"\[worker:0\].*epoch ([3-9]|\d\d)/40", line), 180)  # past a checkpoint
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     code, output = live.finish(timeout=120)
@@ -164,7 +166,7 @@ def test_parameter_server_survives_a_worker_that_dies_and_comes_back(runner):
     args = [*PS, *_long("custom_loop"), "train.epochs=12", f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=ps-death"]
     live = LiveRun(args, runner.root, run_dir, runner.uri)
     victim = _pid_of(live, "worker:1")
-    live.wait_for(lambda l: re.search(r"\[chief:0\].*step \d+/", l), 180)
+    live.wait_for(lambda line: re.search(r"\[chief:0\].*step \d+/", line), 180)
     os.kill(victim, signal.SIGKILL)
     code, output = live.finish(timeout=300)
     assert code == 0, output[-4000:]
@@ -260,7 +262,7 @@ def test_ctrl_c_stops_a_task_blocked_in_tensorflow_within_seconds(runner, tmp_pa
 def test_ctrl_c_stops_every_task_and_marks_the_run_killed(runner):
     args = [*MWMS, *_long("custom_loop"), f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=interrupted"]
     live = LiveRun(args, runner.root, runner.root / "runs" / "interrupted", runner.uri)
-    live.wait_for(lambda l: re.search(r"\[worker:0\].*epoch 2/40", l), 180)
+    live.wait_for(lambda line: re.search(r"\[worker:0\].*epoch 2/40", line), 180)
     live.proc.send_signal(signal.SIGINT)
     code, output = live.finish(timeout=60)
     assert code == 130, output[-3000:]
@@ -273,8 +275,8 @@ def test_a_stopped_worker_is_the_one_blamed(runner):
     """worker:1 frozen with SIGSTOP: worker:0 gives up waiting for it, and the error names worker:1, not worker:0."""
     args = [*MWMS, *_long("custom_loop"), f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=frozen"]
     live = LiveRun(args, runner.root, runner.root / "runs" / "frozen", runner.uri)
-    pid = int(live.wait_for(lambda l: "started worker:1 (pid" in l, 60).split("pid ")[1].split(")")[0])
-    live.wait_for(lambda l: re.search(r"\[worker:1\].*epoch 2/40", l), 180)
+    pid = int(live.wait_for(lambda line: "started worker:1 (pid" in line, 60).split("pid ")[1].split(")")[0])
+    live.wait_for(lambda line: re.search(r"\[worker:1\].*epoch 2/40", line), 180)
     os.kill(pid, signal.SIGSTOP)
     code, output = live.finish(timeout=180)
     assert code == 3, output[-3000:]

@@ -12,8 +12,7 @@ from runner.errors import ConfigError
 from runner.validate import validate
 
 schema.register()
-from omegaconf import OmegaConf as _O
-_O.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
+OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
 
 
 def composed(*overrides):
@@ -72,6 +71,7 @@ def test_validation_names_the_bad_value(overrides, needle):
     assert needle in str(err.value)
 
 
+@pytest.mark.slow  # end to end: runs the runner in a subprocess
 def test_config_only_commands_do_not_import_tensorflow():
     probe = (
         "import atexit, sys\n"

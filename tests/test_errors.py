@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import pytest
 
-from conftest import ROOT, mlflow_run_by_name, run_runner
+from helpers import ROOT, mlflow_run_by_name, run_runner
 
 EXPERIMENT = "errors"
 MWMS_TF_CONFIG = ["strategy=multi_worker_mirrored", "cluster=tf_config"]
@@ -132,6 +132,7 @@ def _run_rows(runner, names, values):
     return results
 
 
+@pytest.mark.slow  # end to end: runs the whole matrix through `python -m runner`
 def test_every_bad_input_gets_a_clear_error(runner, ports, data_dir):
     values = {**ports, "tmp": str(data_dir)}
     results = _run_rows(runner, list(ROWS), values)
@@ -159,6 +160,7 @@ def test_the_matrix_in_the_docs_is_the_matrix_tested():
     assert sorted(documented) == sorted([*ROWS, *ELSEWHERE])
 
 
+@pytest.mark.slow  # end to end: runs `python -m runner`
 def test_old_file_store_gets_a_migration_hint(tmp_path):
     (tmp_path / "mlruns" / "0").mkdir(parents=True)
     (tmp_path / "mlruns" / "0" / "meta.yaml").write_text("name: Default\n")

@@ -4,7 +4,10 @@ import gc
 import os
 import weakref
 
+import pytest
+
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
+pytestmark = pytest.mark.slow  # imports TensorFlow in process (seconds)
 
 
 def test_concrete_per_iterator_gives_tf_function_results_follows_new_iterators_and_keeps_them_to_the_end():

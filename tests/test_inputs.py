@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FAST, ROOT, mlflow_run_by_name, run_runner
+from helpers import FAST, ROOT, mlflow_run_by_name, run_runner
+
+pytestmark = pytest.mark.slow  # end to end: each test trains through `python -m runner`
 
 EXPERIMENT = "inputs"
 MIRRORED2 = ["strategy=mirrored", "devices.logical_cpus=2"]

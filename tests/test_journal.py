@@ -5,7 +5,11 @@ import re
 import signal
 import time
 
-from conftest import LiveRun, run_runner
+import pytest
+
+from helpers import LiveRun, run_runner
+
+pytestmark = pytest.mark.slow  # end to end: kills and resumes a real `python -m runner`
 
 # A custom loop with a loss every 5 steps and MLflow's flush far away (30 s): a kill lands before any delivery.
 ARGS = ["executor=custom_loop", "train.epochs=1", "train.steps_per_epoch=6000", "train.log_every_n_steps=5",
@@ -19,8 +23,8 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
 
     run_dir = runner.root / "runs" / "journal-kill9"
     live = LiveRun([*ARGS, "mlflow.run_name=journal-kill9"], runner.root, run_dir, runner.uri)
-    live.wait_for(lambda l: re.search(r"step (\d+)/6000", l) and int(re.search(r"step (\d+)/6000", l).group(1)) >= 300, 180)
-    before = max(int(m.group(1)) for l in live.lines if (m := re.search(r"step (\d+)/6000", l)))
+    live.wait_for(lambda line: re.search(r"step (\d+)/6000", line) and int(re.search(r"step (\d+)/6000", line).group(1)) >= 300, 180)
+    before = max(int(m.group(1)) for line in live.lines if (m := re.search(r"step (\d+)/6000", line)))
     time.sleep(1.2)  # the journal is written every second: everything up to `before` must be in it
     live.proc.send_signal(signal.SIGKILL)
     live.finish(timeout=30)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -75,6 +75,9 @@ def kind_of(tokens):
             return "setup-tests", ("the suite's own command: .ci/run runs it on a clean clone (checked below); running it "
                                    "from inside the suite would recurse")
         return "setup", None
+    if tokens[1:3] == ["-m", "pytest"]:
+        return "fast-tests", ("the fast tier: every test it selects is also in the suite's own command, which runs them all; "
+                              "running it from inside the suite would run them twice")
     if tokens[0] == "srun":
         return "slurm", "needs a Slurm cluster (srun); none is installed here (issue 18 brings a real one to the tests)"
     if tokens[:3] == ["python", "-m", "runner.dashboard"]:
@@ -383,7 +386,7 @@ def run_dashboard(scratch, tokens):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("the dashboard did not stop on Ctrl-C")
+            raise AssertionError("the dashboard did not stop on Ctrl-C") from None
 
 
 def check_dashboard(scratch, args, result):
@@ -484,6 +487,7 @@ def results(tmp_path_factory):
     pool.shutdown(wait=True)
 
 
+@pytest.mark.slow  # end to end: runs README's commands (training runs, sweeps, benchmarks)
 @pytest.mark.parametrize("command", list(KINDS), ids=[re.sub(r"\s+", " ", k)[:90] for k in KINDS])
 def test_readme_command(command, results):
     kind, reason = KINDS[command]

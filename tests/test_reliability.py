@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LiveRun, leftover_processes, mlflow_run_by_name, run_runner
+from helpers import LiveRun, leftover_processes, mlflow_run_by_name, run_runner
+
+pytestmark = pytest.mark.slow  # end to end: signals, kills and resumes real `python -m runner` runs
 
 EXPERIMENT = "reliability"
 EXECUTORS = ["fit", "custom_loop"]
@@ -64,7 +66,7 @@ def _interrupt(runner, name, args, signum):
     """Start a long run, signal it once it has logged a few hundred steps; returns (exit code, output, last step seen)."""
     live = LiveRun([*args, f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"], runner.root,
                    runner.root / "runs" / name, runner.uri)
-    line = live.wait_for(lambda l: re.search(r"epoch ([4-9]|\d\d+)/400 step \d+/64", l) or re.search(r"^Epoch ([4-9]|\d\d+)/400", l), 120)
+    line = live.wait_for(lambda line: re.search(r"epoch ([4-9]|\d\d+)/400 step \d+/64", line) or re.search(r"^Epoch ([4-9]|\d\d+)/400", line), 120)
     epoch = int(re.search(r"[Ee]poch (\d+)/400", line).group(1))
     # the step of the line that was seen (not the largest step number of any epoch's lines so far)
     seen = re.search(r"step (\d+)/64", line)
@@ -117,15 +119,15 @@ def test_a_preempted_worker_makes_the_cluster_checkpoint_together(runner):
             "executor=fit", "train.epochs=400", "train.log_every_n_steps=32", f"mlflow.experiment_name={EXPERIMENT}",
             "mlflow.run_name=preempted-worker"]
     live = LiveRun(args, runner.root, runner.root / "runs" / "preempted-worker", runner.uri)
-    pid = int(live.wait_for(lambda l: "started worker:1 (pid" in l, 60).split("pid ")[1].split(")")[0])
-    live.wait_for(lambda l: re.search(r"\[worker:1\] .*[Ee]poch 3/400", l), 180)  # a log line (not a terminal)
+    pid = int(live.wait_for(lambda line: "started worker:1 (pid" in line, 60).split("pid ")[1].split(")")[0])
+    live.wait_for(lambda line: re.search(r"\[worker:1\] .*[Ee]poch 3/400", line), 180)  # a log line (not a terminal)
     os.kill(pid, signal.SIGTERM)
     code, output = live.finish(timeout=120)
     assert code == 143, output[-3000:]
     saved = {m.group(1): int(m.group(2)) for m in re.finditer(r"\[(worker:\d)\] Stopped: training stopped by SIGTERM at step "
                                                                r"\d+: checkpoint written at step (\d+)", output)}
     assert set(saved) == {"worker:0", "worker:1"} and saved["worker:0"] == saved["worker:1"], output[-3000:]
-    assert "SIGTERM received" not in "".join(l for l in output.splitlines(True) if l.startswith("[worker:0]"))  # it was told by its peer
+    assert "SIGTERM received" not in "".join(line for line in output.splitlines(True) if line.startswith("[worker:0]"))  # it was told by its peer
     assert "task worker:1 was preempted (SIGTERM)" in output and f"the latest checkpoint is step {saved['worker:0']}" in output
     assert checkpoint_steps(runner.root / "runs" / "preempted-worker" / "checkpoints")[-1] == saved["worker:0"]
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "preempted-worker")
@@ -143,11 +145,11 @@ def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow
     args = ["executor=custom_loop", "train.epochs=200", "train.log_every_n_steps=8", "mlflow.flush_every_sec=1",
             f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=server-outage"]
     live = LiveRun(args, tmp_path, tmp_path / "outage", mlflow_server.uri)
-    live.wait_for(lambda l: "epoch 2/200" in l, 120)
+    live.wait_for(lambda line: "epoch 2/200" in line, 120)
     time.sleep(1.5)  # a first flush has reached the server
     mlflow_server.stop()
-    live.wait_for(lambda l: "cannot take metrics now" in l, 60)
-    progress = live.wait_for(lambda l: re.search(r"epoch \d+/200", l), 60)  # training goes on meanwhile
+    live.wait_for(lambda line: "cannot take metrics now" in line, 60)
+    progress = live.wait_for(lambda line: re.search(r"epoch \d+/200", line), 60)  # training goes on meanwhile
     mlflow_server.start()
     code, output = live.finish(timeout=300)
     assert code == 0, output[-3000:]
@@ -162,7 +164,7 @@ def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow
     args = ["model=linear", "data=ones", "train.epochs=30", "train.log_every_n_steps=1", "mlflow.delivery_timeout_sec=2",
             f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=server-gone"]
     live = LiveRun(args, tmp_path, tmp_path / "gone", mlflow_server.uri)
-    live.wait_for(lambda l: "training with" in l, 60)
+    live.wait_for(lambda line: "training with" in line, 60)
     mlflow_server.stop()
     code, output = live.finish(timeout=120)
     assert code == 0, output[-3000:]

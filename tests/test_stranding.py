@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LiveRun, mlflow_run_by_name, run_runner
+from helpers import LiveRun, mlflow_run_by_name, run_runner
+
+pytestmark = pytest.mark.slow  # end to end: kills real `python -m runner` launchers and their tasks
 
 TINY = ["data.num_examples=256", "data.eval_examples=64", "train.global_batch_size=32", "train.epochs=1",
         "train.steps_per_epoch=4", "save_model=false"]
@@ -47,10 +49,10 @@ def killed_launcher(store):
     live = LiveRun(["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "executor=custom_loop",
                     "train.epochs=50", *TINY[:3], "train.log_every_n_steps=1", f"mlflow.experiment_name={EXPERIMENT}",
                     "mlflow.run_name=killed"], root, run_dir, uri)
-    pid = int(live.wait_for(lambda l: "started worker:0 (pid" in l, 60).split("(pid ")[1].split(")")[0])
+    pid = int(live.wait_for(lambda line: "started worker:0 (pid" in line, 60).split("(pid ")[1].split(")")[0])
     with open(f"/proc/{pid}/environ", "rb") as f:
         marker = next(e for e in f.read().split(b"\0") if e.startswith(b"RUNNER_LAUNCH_ID="))
-    live.wait_for(lambda l: re.search(r"\[worker:\d\].*epoch \d+/50", l), 150)
+    live.wait_for(lambda line: re.search(r"\[worker:\d\].*epoch \d+/50", line), 150)
     assert len(_carrying(marker)) >= 2
     live.proc.kill()
     live.proc.wait()

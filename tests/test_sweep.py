@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import FAST
+from helpers import FAST
 
 EXPERIMENT = "sweeps"
 
@@ -44,6 +44,7 @@ def grid(runner):
     return proc, sweep_dir
 
 
+@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_sweep_nests_one_child_run_per_job(grid, runner):
     proc, _ = grid
     client, parent, children = family(runner, "grid")
@@ -58,6 +59,7 @@ def test_sweep_nests_one_child_run_per_job(grid, runner):
         assert f"job #{n} ({n + 1} of 4)" in proc.stdout  # which job of how many is running
 
 
+@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_report_numbers_equal_the_child_runs(grid, runner):
     _, sweep_dir = grid
     client, parent, children = family(runner, "grid")
@@ -79,6 +81,7 @@ def test_report_numbers_equal_the_child_runs(grid, runner):
     assert {"report/report.csv", "report/report.md", "report/loss_curves.png"} <= logged
 
 
+@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
     proc, sweep_dir = sweep(runner, "failing", ["strategy=mirrored,parameter_server", "cross_device_ops=auto,nccl",
                                                 "data.num_examples=256", "train.epochs=1"])
@@ -94,6 +97,7 @@ def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
         assert [r["status"] for r in csv.DictReader(f)] == ["FINISHED", "FAILED", "FAILED", "FAILED"]
 
 
+@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_joblib_launcher_runs_jobs_in_parallel_processes(runner):
     proc, _ = sweep(runner, "joblib", ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                                        "strategy=one_device,mirrored", "devices.logical_cpus=2", *FAST])
@@ -141,6 +145,7 @@ def listening_addresses(port):
     return found
 
 
+@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
@@ -161,7 +166,7 @@ def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
                     break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise AssertionError("dashboard did not start")
+                    raise AssertionError("dashboard did not start") from None
                 time.sleep(0.5)
         assert listening_addresses(port) == {"127.0.0.1"}  # this machine only, by default
         exp_id = parent.info.experiment_id

@@ -4,7 +4,9 @@ the default strategy (same global batch, seed and steps must give the same weigh
 import numpy as np
 import pytest
 
-from conftest import FAST, mlflow_run_by_name
+from helpers import FAST, mlflow_run_by_name
+
+pytestmark = pytest.mark.slow  # end to end: trains every strategy through `python -m runner`
 
 STRATEGIES = {
     "default": ["strategy=default"],
