@@ -8,12 +8,11 @@ variables and steps, an evaluator evaluates checkpoints, and the rest train. Onl
 import contextlib
 import gc
 import logging
-import os
 import platform
 
 from omegaconf import DictConfig
 
-from runner import datasets, phases, stopping
+from runner import datasets, layout, phases, stopping
 from runner.env import native_stderr_captured
 from runner.tracking import NullRun, discard_prestarted, mlflow_run
 
@@ -48,15 +47,6 @@ def _import_tensorflow(devices_cfg):
         return tf, build_devices(devices_cfg)
 
 
-def task_role(strategy_name: str, cluster) -> str:
-    """trainer | server | evaluator."""
-    if cluster.task_type == "evaluator":
-        return "evaluator"
-    if cluster.task_type == "ps" or (strategy_name == "parameter_server" and cluster.task_type == "worker"):
-        return "server"
-    return "trainer"
-
-
 def serve(tf, cluster) -> dict:
     """A ps or parameter-server worker task: run a tf.distribute.Server until stopped."""
     server = tf.distribute.Server(
@@ -82,10 +72,10 @@ def run_experiment(cfg: DictConfig) -> dict:
     from runner.builders.cluster import build_cluster
 
     cluster = build_cluster(cfg.cluster)
-    role = task_role(cfg.strategy.name, cluster)
-    if role == "server":
+    role = layout.task_role(cfg.strategy.name, cluster.task_type)
+    if role == layout.SERVER:
         return serve(tf, cluster)
-    if role == "evaluator":
+    if role == layout.EVALUATOR:
         from runner.evaluator import evaluate_checkpoints
 
         return evaluate_checkpoints(cfg, cluster)
@@ -143,15 +133,14 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     checkpoints = None
     if cfg.checkpoint.enabled and cfg.output_dir:
-        directory = cfg.checkpoint.dir or os.path.join(cfg.output_dir, "checkpoints")
-        checkpoints = Checkpoints(directory, cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer,
+        checkpoints = Checkpoints(layout.checkpoint_dir(cfg), cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer,
                                   before_save=run.sync_journal)
     job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
               cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
     phases.mark("build")  # strategy, data, model
     result = get_executor(cfg.executor.name)(job)
     if cfg.save_model and cluster.is_chief and cfg.output_dir:
-        path = os.path.join(cfg.output_dir, "model.keras")
+        path = layout.model_path(cfg.output_dir)
         model.save(path)
         run.log_artifact(path, "model")
         log.info("model saved to %s", path)

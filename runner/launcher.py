@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import DictConfig
 
-from runner import procs, stopping
+from runner import layout, procs, stopping
 from runner.errors import ClusterError
 from runner.tracking import ATTACH_ENV, mlflow_run
 
@@ -78,8 +78,8 @@ class Task:
 
     @property
     def is_server(self) -> bool:
-        """ps and (under parameter_server) worker tasks only serve; they never end by themselves."""
-        return self.env.get("RUNNER_TASK_ROLE") == "server"
+        """ps and (under parameter_server) worker tasks only serve; they never end by themselves (runner/layout.py)."""
+        return self.env.get("RUNNER_TASK_ROLE") == layout.SERVER
 
     def start(self, lock: threading.Lock) -> None:
         # A session of its own, so stopping the task stops everything it started; and it dies with the launcher,
@@ -167,7 +167,6 @@ def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) ->
     spec = cluster_spec(cfg)
     out = cfg.output_dir
     launch_id = uuid.uuid4().hex
-    ps_strategy = cfg.strategy.name == "parameter_server"
     tasks = []
     members = [(job, i) for job, addrs in spec.items() for i in range(len(addrs))]
     if cfg.cluster.evaluator:
@@ -180,20 +179,20 @@ def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) ->
             LAUNCH_ENV: launch_id,
             "PYTHONUNBUFFERED": "1",
             "MLFLOW_TRACKING_URI": uri,  # not on the command line, where credentials would show in `ps`
-            "RUNNER_TASK_ROLE": "server" if job == "ps" or (ps_strategy and job == "worker") else job,
+            "RUNNER_TASK_ROLE": layout.task_role(cfg.strategy.name, job),
         })
-        run_dir = os.path.join(out, f"{job}-{i}")
+        run_dir = layout.task_dir(out, job, i)
         argv = [sys.executable, "-m", "runner", *_task_overrides(overrides),
                 "cluster=tf_config", f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
                 f"hydra.run.dir={run_dir}",
-                f"checkpoint.dir={cfg.checkpoint.dir or os.path.join(out, 'checkpoints')}"]
+                f"checkpoint.dir={layout.checkpoint_dir(cfg)}"]
         tasks.append(Task(job, i, argv, env, run_dir))
     return tasks
 
 
 def _checkpoint_note(cfg) -> str:
     """'checkpoint at step N in DIR' from the checkpoint index file (no TensorFlow here)."""
-    directory = cfg.checkpoint.dir or os.path.join(cfg.output_dir, "checkpoints")
+    directory = layout.checkpoint_dir(cfg)
     try:
         with open(os.path.join(directory, "checkpoint")) as f:
             latest = f.readline().split(":", 1)[1].strip().strip('"')
@@ -203,7 +202,7 @@ def _checkpoint_note(cfg) -> str:
 
 
 def _trainers(tasks: List[Task]) -> List[Task]:
-    return [t for t in tasks if not t.is_server and t.type != "evaluator"]
+    return [t for t in tasks if t.env.get("RUNNER_TASK_ROLE") == layout.TRAINER]
 
 
 def supervise(tasks: List[Task], cfg) -> None:

@@ -1,0 +1,54 @@
+"""The one owner of a run directory's layout and of what each task of a cluster does. No TensorFlow, no I/O beyond
+looking at a directory: the launcher (which never imports TensorFlow), the tasks, validation and the evaluator ask here
+instead of each spelling the rule again.
+
+    <output_dir>/
+      .hydra/               Hydra's composed config and overrides
+      runner.log            the run's log (hydra.job.name)
+      checkpoints/          unless checkpoint.dir says otherwise
+      model.keras           the saved model (save_model=true)
+      mlflow_run_id         the MLflow run a resume= continues
+      <job>-<index>/        each task's own run directory under cluster=localhost
+"""
+
+import os
+
+HYDRA_DIR = ".hydra"
+CHECKPOINTS = "checkpoints"
+MODEL_FILE = "model.keras"
+RUN_ID_FILE = "mlflow_run_id"
+
+TRAINER, SERVER, EVALUATOR = "trainer", "server", "evaluator"
+
+
+def checkpoint_dir(cfg, output_dir=None) -> str:
+    """`checkpoint.dir`, else `<output_dir>/checkpoints` (output_dir: the config's own unless given)."""
+    if cfg.checkpoint.dir:
+        return str(cfg.checkpoint.dir)
+    return os.path.join(str(output_dir if output_dir is not None else cfg.output_dir), CHECKPOINTS)
+
+
+def model_path(output_dir) -> str:
+    return os.path.join(str(output_dir), MODEL_FILE)
+
+
+def task_dir(output_dir, job: str, index: int) -> str:
+    """A task's own run directory (its runner.log, its .hydra/) under cluster=localhost."""
+    return os.path.join(str(output_dir), f"{job}-{index}")
+
+
+def is_run_dir(path: str, checkpoints: str) -> bool:
+    """Whether `path` is an output directory the runner wrote: .hydra/ plus an MLflow run id or checkpoints."""
+    return os.path.isdir(os.path.join(path, HYDRA_DIR)) and (
+        os.path.isfile(os.path.join(path, RUN_ID_FILE)) or os.path.isdir(checkpoints))
+
+
+def task_role(strategy_name: str, task_type) -> str:
+    """What a task does: `evaluator` evaluates checkpoints; ps tasks, and workers under parameter_server, are
+    `server`s (a tf.distribute.Server that only ends when stopped); everything else (chief, workers, a process
+    outside any cluster: task_type None) is a `trainer`."""
+    if task_type == "evaluator":
+        return EVALUATOR
+    if task_type == "ps" or (strategy_name == "parameter_server" and task_type == "worker"):
+        return SERVER
+    return TRAINER
