@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from runner import data_checks
+from runner import data_checks, registry
 from runner.errors import ConfigError
 
 
@@ -139,9 +139,6 @@ def npz(cfg) -> ArrayData:
     return ArrayData(x_train, splits[1].astype(np.float32), x_eval, splits[3].astype(np.float32), task="regression")
 
 
-SOURCES = {"ones": ones, "synthetic": synthetic, "digits": digits, "npz": npz}
-
-
 def describe(cfg) -> str:
     """How errors name a source: the file for npz, else data=<name>."""
     return f"data.path={cfg.path!r}" if cfg.name == "npz" else f"data={cfg.name}"
@@ -149,7 +146,7 @@ def describe(cfg) -> str:
 
 def load(cfg) -> ArrayData:
     """Load the source, then check it: lengths, shapes, dtypes, finite values, labels (runner/data_checks.py)."""
-    data = SOURCES[cfg.name](cfg)
+    data = registry.get("data", cfg.name).build(cfg)  # each source's loader, registered in runner/builders/data.py
     names = {k: cfg[k] for k in ("x_train", "y_train", "x_eval", "y_eval")} if cfg.name == "npz" else None
     data_checks.check_data(data, describe(cfg), names)
     return data

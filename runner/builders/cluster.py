@@ -1,8 +1,9 @@
-"""cluster -> a cluster resolver and this process's task in it.
+"""cluster -> a cluster resolver and this process's task in it. Each option registers its schema, capabilities and
+builder here (runner/registry.py); its YAML is conf/cluster/<name>.yaml.
 
 `local`: one process. `tf_config`: TFConfigClusterResolver (Kubernetes and other schedulers set TF_CONFIG).
 `slurm`: SlurmClusterResolver. `tpu`: TPUClusterResolver, connected and initialised here, at program start.
-(`localhost` never gets here: runner/launcher.py starts tf_config tasks instead.)
+(`localhost` is never built in a task: runner/launcher.py starts tf_config tasks instead.)
 """
 
 import os
@@ -10,7 +11,46 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from omegaconf import MISSING
+
 from runner.errors import ConfigError
+from runner.fields import ranged
+from runner.registry import describe, get, option, options, register
+
+describe("cluster", "where the tasks run")
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    start_timeout_sec: float = ranged(120.0, gt=0)  # a task still waiting for its peers after this stops with an error
+
+
+@dataclass
+class LocalhostClusterConfig(ClusterConfig):
+    workers: int = ranged(2, ge=1)
+    ps: int = ranged(0, ge=0)  # parameter_server: number of ps tasks (1 or more)
+    chief: bool = False  # parameter_server always gets a chief: the coordinator
+    evaluator: bool = False  # a side-car evaluator task that evaluates each checkpoint as it appears
+    failure_grace_sec: float = ranged(5.0, ge=0)  # after a task dies, how long the others get to exit before they are killed
+    stop_grace_sec: float = ranged(60.0, ge=0)  # on Ctrl-C or SIGTERM: how long trainers get to write their checkpoint
+    restart_workers: int = ranged(3, ge=0)  # parameter_server: restart a dead worker or ps task up to this many times
+
+
+@dataclass
+class SlurmClusterConfig(ClusterConfig):
+    start_timeout_sec: float = ranged(300.0, gt=0)  # 300 s under Slurm (the other clusters: 120 s)
+    port_base: int = ranged(8888, ge=1, le=65535, why="it is a TCP port")
+    ps: int = ranged(0, ge=0)  # with parameter_server: the first `ps` Slurm tasks become ps, the next one the chief
+    gpus_per_node: Optional[int] = ranged(None, ge=0, null="the GPUs TensorFlow sees")  # None: the GPUs TensorFlow sees on this node
+
+
+@dataclass
+class TPUClusterConfig(ClusterConfig):
+    tpu: str = "local"  # TPU name, grpc://host:port address, or "local" on a TPU VM
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    connect_timeout_sec: float = ranged(30.0, gt=0)  # an address with nothing behind it hangs: give up after this
 
 
 @dataclass
@@ -45,14 +85,33 @@ class Cluster:
         return self.task_type == "worker" and self.task_id == 0
 
 
+@option("cluster", "local", schema=ClusterConfig, help="this process")
+def _local(cfg) -> Cluster:
+    return Cluster("local")
+
+
+def _localhost_shape(cfg):
+    c = cfg.cluster
+    if cfg.strategy.name == "parameter_server" and c.ps < 1:
+        raise ConfigError(f"strategy=parameter_server needs cluster.ps=1 or more (got {c.ps}).")
+    if cfg.strategy.name == "multi_worker_mirrored" and c.ps:
+        raise ConfigError(f"cluster.ps={c.ps}: ps tasks only exist with strategy=parameter_server; use cluster.ps=0.")
+
+
+register("cluster", "localhost", schema=LocalhostClusterConfig, help="tasks started here on 127.0.0.1",
+         processes=True, check=_localhost_shape)
+
+
+@option("cluster", "tf_config", schema=ClusterConfig, help="TFConfigClusterResolver", processes=True, reads_tf_config=True)
 def _tf_config(cfg) -> Cluster:
     import tensorflow as tf
 
-    # TF_CONFIG was checked (JSON, task, index, free port) by runner/validate.py before TensorFlow was imported.
+    # TF_CONFIG was checked (JSON, task, index, free port) by runner/preflight.py before TensorFlow was imported.
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
 
 
+@option("cluster", "slurm", schema=SlurmClusterConfig, help="SlurmClusterResolver", processes=True)
 def _slurm(cfg) -> Cluster:
     import tensorflow as tf
 
@@ -76,6 +135,12 @@ def _slurm(cfg) -> Cluster:
     return Cluster("slurm", resolver, resolver.task_type, int(resolver.task_id))
 
 
+def _only_tpu_strategy(cfg):
+    if cfg.strategy.name != "tpu":
+        raise ConfigError(f"cluster=tpu only goes with strategy=tpu, not strategy={cfg.strategy.name}.")
+
+
+@option("cluster", "tpu", schema=TPUClusterConfig, help="TPUClusterResolver", check=_only_tpu_strategy)
 def _tpu(cfg) -> Cluster:
     import tensorflow as tf
 
@@ -104,7 +169,8 @@ def _tpu(cfg) -> Cluster:
 
 
 def build_cluster(cfg) -> Cluster:
-    builders = {"local": lambda c: Cluster("local"), "tf_config": _tf_config, "slurm": _slurm, "tpu": _tpu}
-    if cfg.name not in builders:
-        raise ConfigError(f"cluster={cfg.name} cannot be built inside a task; choose one of: {', '.join(builders)}.")
-    return builders[cfg.name](cfg)
+    build = get("cluster", cfg.name).build
+    if build is None:
+        buildable = [o.name for o in options("cluster").values() if o.build is not None]
+        raise ConfigError(f"cluster={cfg.name} cannot be built inside a task; choose one of: {', '.join(buildable)}.")
+    return build(cfg)

@@ -4,11 +4,30 @@ Call these inside strategy.scope(): variables created there are distributed by t
 """
 
 import inspect
+from enum import Enum
 
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
 from runner.errors import ConfigError
+
+
+class Loss(str, Enum):
+    """train.loss (the schema's field is typed by it: runner/schema.py)."""
+
+    auto = "auto"  # from the data's task: sparse_categorical_crossentropy or mse
+    mse = "mse"
+    binary_crossentropy = "binary_crossentropy"
+    sparse_categorical_crossentropy = "sparse_categorical_crossentropy"
+
+
+class Optimizer(str, Enum):
+    """train.optimizer.name (typed by it in runner/schema.py); built by _optimizer below."""
+
+    sgd = "sgd"
+    adam = "adam"
+    rmsprop = "rmsprop"
+    adagrad = "adagrad"
 
 
 def build_model(cfg, input_shape, num_outputs):

@@ -1,23 +1,90 @@
-"""strategy -> a real tf.distribute.Strategy. One branch per option in conf/strategy/."""
+"""strategy -> a real tf.distribute.Strategy. Each option: its schema (fields mirror the constructor's arguments),
+its capabilities and its builder, registered together (runner/registry.py); its YAML is conf/strategy/<name>.yaml."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+from omegaconf import MISSING
 
 from runner.builders.cluster import Cluster
 from runner.builders.cross_device_ops import build_communication_options, build_cross_device_ops
 from runner.builders.devices import Devices
 from runner.errors import ConfigError
+from runner.fields import choice, ranged
+from runner.registry import describe, get, option, options
+
+describe("strategy", "the tf.distribute strategy")
 
 
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+
+
+@dataclass
+class OneDeviceConfig(StrategyConfig):
+    device: Optional[str] = None  # None: /gpu:0 when a GPU is visible, else /cpu:0
+
+
+@dataclass
+class MirroredConfig(StrategyConfig):
+    devices: Optional[List[str]] = None  # e.g. ["/gpu:0", "/gpu:1"]; None: all visible GPUs, else all logical CPUs
+
+
+@dataclass
+class CentralStorageConfig(StrategyConfig):
+    compute_devices: Optional[List[str]] = None  # None: all visible GPUs, else all logical CPUs
+    parameter_device: Optional[str] = None  # None: /cpu:0
+
+
+@dataclass
+class MultiWorkerMirroredConfig(StrategyConfig):
+    collective_timeout_sec: Optional[float] = ranged(None, gt=0, null="TensorFlow's default")  # CommunicationOptions(timeout_seconds=...)
+
+
+class Partitioner(str, Enum):
+    none = "none"
+    fixed_shards = "fixed_shards"  # FixedShardsPartitioner(num_shards)
+    min_size = "min_size"  # MinSizePartitioner(min_shard_bytes, max_shards)
+    max_size = "max_size"  # MaxSizePartitioner(max_shard_bytes, max_shards)
+
+
+@dataclass
+class VariablePartitionerConfig:
+    kind: str = choice(Partitioner, "none")
+    num_shards: int = ranged(2, ge=1)  # fixed_shards
+    min_shard_bytes: int = ranged(256 << 10, ge=1)  # min_size
+    max_shards: int = ranged(2, ge=1)  # min_size and max_size
+    max_shard_bytes: int = ranged(1 << 20, ge=1)  # max_size
+
+
+@dataclass
+class ParameterServerConfig(StrategyConfig):
+    variable_partitioner: VariablePartitionerConfig = field(default_factory=VariablePartitionerConfig)
+
+
+@dataclass
+class TPUConfig(StrategyConfig):
+    pass  # the TPU's address is the cluster's: cluster=tpu cluster.tpu=...
+
+
+@option("strategy", "default", schema=StrategyConfig, help="get_strategy()")
 def _default(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
     return tf.distribute.get_strategy()
 
 
+@option("strategy", "one_device", schema=OneDeviceConfig, help="OneDeviceStrategy")
 def _one_device(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
     return tf.distribute.OneDeviceStrategy(cfg.device or ("/gpu:0" if devices.gpus else "/cpu:0"))
 
 
+@option("strategy", "mirrored", schema=MirroredConfig, help="MirroredStrategy",
+        cross_device_ops=("auto", "nccl", "hierarchical_copy", "reduction_to_one_device"))
 def _mirrored(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -26,6 +93,7 @@ def _mirrored(cfg, ops_cfg, devices, cluster):
     )
 
 
+@option("strategy", "central_storage", schema=CentralStorageConfig, help="CentralStorageStrategy")
 def _central_storage(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -34,6 +102,8 @@ def _central_storage(cfg, ops_cfg, devices, cluster):
     )
 
 
+@option("strategy", "multi_worker_mirrored", schema=MultiWorkerMirroredConfig, help="MultiWorkerMirroredStrategy",
+        cross_device_ops=("auto", "ring", "nccl"), multi_process=True)
 def _multi_worker_mirrored(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -54,6 +124,19 @@ def variable_partitioner(cfg):
     }[cfg.kind]()
 
 
+def _needs_process_cluster(cfg):
+    if not get("cluster", cfg.cluster.name).caps.processes:
+        takers = [o.name for o in options("cluster").values() if o.caps.processes]
+        alone = [o.name for o in options("strategy").values() if o.caps.check is None]  # no cluster requirement
+        raise ConfigError(
+            f"strategy=parameter_server needs a cluster of worker and ps tasks, but cluster={cfg.cluster.name} is this one "
+            f"process. Use cluster={takers[0]} cluster.ps=1 (tasks on this machine), "
+            f"{' or '.join('cluster=' + t for t in takers[1:])}; or a single-process strategy: {', '.join(alone)}."
+        )
+
+
+@option("strategy", "parameter_server", schema=ParameterServerConfig, help="ParameterServerStrategy",
+        multi_process=True, check=_needs_process_cluster)
 def _parameter_server(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -64,21 +147,19 @@ def _parameter_server(cfg, ops_cfg, devices, cluster):
     )
 
 
+def _needs_tpu_cluster(cfg):
+    if cfg.cluster.name != "tpu":
+        raise ConfigError(
+            f"strategy=tpu needs cluster=tpu with the TPU's address (cluster.tpu=<name or grpc://host:port>), "
+            f"not cluster={cfg.cluster.name}. Without a TPU use strategy=mirrored or one_device."
+        )
+
+
+@option("strategy", "tpu", schema=TPUConfig, help="TPUStrategy", inputs=("tf_data", "from_function"), check=_needs_tpu_cluster)
 def _tpu(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
     return tf.distribute.TPUStrategy(cluster.resolver)  # connected and initialised by the cluster builder
-
-
-BUILDERS = {
-    "default": _default,
-    "one_device": _one_device,
-    "mirrored": _mirrored,
-    "central_storage": _central_storage,
-    "multi_worker_mirrored": _multi_worker_mirrored,
-    "parameter_server": _parameter_server,
-    "tpu": _tpu,
-}
 
 
 def named_devices(cfg, ops_cfg):
@@ -128,7 +209,6 @@ def check_devices_exist(cfg, ops_cfg) -> None:
 
 
 def build_strategy(cfg, ops_cfg, devices: Devices, cluster: Cluster):
-    if cfg.name not in BUILDERS:
-        raise ConfigError(f"strategy={cfg.name} is unknown; choose one of: {', '.join(BUILDERS)}.")
+    build = get("strategy", cfg.name).build  # an unknown name: "strategy=... is unknown; choose one of: ..."
     check_devices_exist(cfg, ops_cfg)
-    return BUILDERS[cfg.name](cfg, ops_cfg, devices, cluster)
+    return build(cfg, ops_cfg, devices, cluster)

@@ -1,0 +1,196 @@
+"""Pre-flight probes: what the config needs from this machine and its network, found before TensorFlow starts and
+before any step, rather than after the first epoch. Unlike runner/validate.py (pure), these read files, the
+environment (TF_CONFIG, MLFLOW_TRACKING_URI), free memory and CPU cores, and open sockets.
+
+Each selected option may register its own probe (`probe=` in runner/registry.py); `preflight(cfg)` runs those, then
+the generic probes below, in order. The low-level probes are runner/probes.py's; directory names runner/layout.py's.
+"""
+
+import contextlib
+import json
+import os
+from typing import Callable, List
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner import layout, registry
+from runner.errors import ConfigError
+from runner.probes import local_host, port_in_use, tracking_problem, writable_dir_problem
+from runner.redact import redact_uri
+
+PROBES: List[Callable[[DictConfig], None]] = []
+MAX_LOGICAL_CPUS_PER_CORE = 4  # past this, replicas only fight over the same cores
+
+
+def probe(fn):
+    PROBES.append(fn)
+    return fn
+
+
+def preflight(cfg: DictConfig) -> None:
+    for fn in PROBES:
+        fn(cfg)
+
+
+@probe
+def option_probes(cfg):
+    """Each selected option's own probe (data=npz: the file exists)."""
+    for group in registry.GROUPS:
+        own = registry.selected(cfg, group).caps.probe
+        if own is not None:
+            own(cfg)
+
+
+@probe
+def memory_fits(cfg):
+    """Data to generate, and a global batch, that clearly do not fit in memory (the data repeat, so with
+    train.steps_per_epoch a batch can be far larger than the data and would grow memory without bound)."""
+    from runner import data_checks  # NumPy, no TensorFlow
+
+    source = registry.selected(cfg, "data").caps
+    if source.example_bytes is None:
+        return  # npz: checked on the loaded arrays (runner/builders/data.py)
+    example, available = source.example_bytes(cfg.data), data_checks.available_memory()
+    if source.generates:
+        key = "data.num_examples" if cfg.data.num_examples >= cfg.data.eval_examples else "data.eval_examples"
+        data_checks.check_data_memory(key, cfg.data[key.split(".")[1]], cfg.data.num_examples + cfg.data.eval_examples,
+                                      example * source.generates, f"data={cfg.data.name}", available)
+    data_checks.check_batch_memory(cfg.train.global_batch_size, example, f"data={cfg.data.name}", available)
+
+
+@probe
+def directories_writable(cfg):
+    """The output and checkpoint directories."""
+    output_dir = OmegaConf.select(cfg, "output_dir", throw_on_resolution_failure=False)
+    dirs = []
+    if output_dir:
+        dirs.append(("output_dir", str(output_dir)))
+    if cfg.checkpoint.enabled and (cfg.checkpoint.dir or output_dir):
+        key = "checkpoint.dir" if cfg.checkpoint.dir else "output_dir"
+        dirs.append((key, layout.checkpoint_dir(cfg, output_dir)))
+    for key, path in dirs:
+        problem = writable_dir_problem(path)
+        if problem:
+            what = "checkpoints" if "checkpoint" in path or key == "checkpoint.dir" else "the run's output"
+            raise ConfigError(
+                f"{key}: {path!r} cannot be used for {what}: {problem}. Point {key} at a directory this user can "
+                + ("create and write (or set checkpoint.enabled=false)." if key == "checkpoint.dir"
+                   else "create and write (hydra.run.dir=<dir>).")
+            )
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@probe
+def logical_cpus_sensible(cfg):
+    n, cores = cfg.devices.logical_cpus, _cores()
+    limit = MAX_LOGICAL_CPUS_PER_CORE * cores
+    if n > limit:
+        raise ConfigError(
+            f"devices.logical_cpus={n} is more than this machine can use: it has {cores} CPU core(s), and more than "
+            f"{MAX_LOGICAL_CPUS_PER_CORE} logical CPUs per core only adds thread contention. Use 1..{limit}; for more "
+            "replicas, spread them over processes (cluster=localhost cluster.workers=N strategy=multi_worker_mirrored)."
+        )
+
+
+@probe
+def resume_dir_exists(cfg):
+    """resume= takes only a directory the runner wrote: .hydra/ plus its mlflow_run_id or checkpoints/."""
+    if not cfg.resume:
+        return
+    path = os.path.abspath(os.path.expanduser(str(cfg.resume)))
+    if not os.path.isdir(path):
+        raise ConfigError(
+            f"resume={cfg.resume!r}: no such directory. Pass the output directory of an earlier run "
+            "(outputs/<date>/<time>, printed at its start), which holds its checkpoints/ and mlflow_run_id."
+        )
+    if layout.is_run_dir(path, layout.checkpoint_dir(cfg, path)):
+        return
+    _undo_hydra_files(path)
+    raise ConfigError(
+        f"resume={cfg.resume!r} is not an output directory of the runner: it has no .hydra/ with an mlflow_run_id or "
+        "checkpoints/ beside it, so there is nothing to continue, and nothing was trained or written there. Pass the "
+        "output directory of an earlier run (outputs/<date>/<time>, printed at its start); for a new run, leave resume= out."
+    )
+
+
+def _undo_hydra_files(path: str) -> None:
+    """Hydra writes .hydra/ and runner.log into hydra.run.dir (resume=<dir> by default) before any check runs:
+    remove what this process wrote there, so a mistyped resume= leaves the user's directory as it was."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.procs import started_at
+
+    since = started_at()
+    if since is None or not HydraConfig.initialized() or os.path.abspath(HydraConfig.get().runtime.output_dir) != path:
+        return
+    mine = lambda f: os.path.isfile(f) and os.path.getmtime(f) >= since - 1  # noqa: E731
+    meta = os.path.join(path, layout.HYDRA_DIR)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        if mine(os.path.join(meta, name)):
+            os.remove(os.path.join(meta, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(meta)  # only if nothing else is in it
+    log_file = os.path.join(path, f"{HydraConfig.get().job.name}.log")
+    if mine(log_file) and os.path.getsize(log_file) == 0:
+        os.remove(log_file)
+
+
+
+
+@probe
+def tf_config_well_formed(cfg):
+    """TF_CONFIG mistakes, found before TensorFlow reads it (its own errors are KeyErrors and hangs)."""
+    if not registry.selected(cfg, "cluster").caps.reads_tf_config:
+        return
+    raw = os.environ.get("TF_CONFIG")
+    example = '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
+    if not raw:
+        raise ConfigError(f"cluster={cfg.cluster.name} needs the TF_CONFIG environment variable, which is not set. It is JSON like {example}.")
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {raw[:200]!r}. It should look like {example}.") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not spec["cluster"]:
+        raise ConfigError(f"TF_CONFIG has no 'cluster' (a map of job name to host:port list): {raw[:200]!r}. It should look like {example}.")
+    jobs, task = spec["cluster"], spec.get("task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ConfigError(f"TF_CONFIG has no 'task' {{'type': ..., 'index': ...}} saying which task this process is: {raw[:200]!r}. "
+                          f"It should look like {example}.")
+    kind, index = task["type"], task["index"]
+    if kind != "evaluator" and kind not in jobs:
+        raise ConfigError(f"TF_CONFIG task type {kind!r} is not a job of its cluster; valid types: {', '.join(jobs)} (or evaluator).")
+    if kind in jobs:
+        if not isinstance(index, int) or not 0 <= index < len(jobs[kind]):
+            raise ConfigError(f"TF_CONFIG task index {index!r} is out of range: job {kind!r} has {len(jobs[kind])} task(s), "
+                              f"so valid indices are 0..{len(jobs[kind]) - 1}.")
+        address = str(jobs[kind][index])
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise ConfigError(f"TF_CONFIG address {address!r} of {kind}:{index} is not host:port.")
+        if local_host(host) and port_in_use(int(port)):
+            raise ConfigError(
+                f"TF_CONFIG gives this task ({kind}:{index}) the address {address}, but port {port} is already in use "
+                "on this machine (another task or program holds it). Give every task a free port, or stop the "
+                f"program that holds it (`ss -ltnp | grep :{port}` shows which)."
+            )
+
+
+@probe
+def tracking_server_reachable(cfg):
+    uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not (cfg.mlflow.enabled and uri):
+        return
+    problem = tracking_problem(uri)
+    if problem:
+        source = "mlflow.tracking_uri" if cfg.mlflow.tracking_uri else "MLFLOW_TRACKING_URI"
+        raise ConfigError(
+            f"{source}={redact_uri(uri)} is unreachable ({problem}); nothing was trained. Start the server, point "
+            f"{source} at one that is up, unset it to log to the local sqlite:///mlflow.db, or set "
+            "mlflow.enabled=false to train without tracking."
+        )

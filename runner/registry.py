@@ -1,0 +1,104 @@
+"""One registry per config group: each option declares its schema, builder and capabilities in one place.
+
+An option is declared once, in its group's module (GROUPS below), with `@option(group, name, ...)` on its builder.
+Hydra's ConfigStore (runner/schema.py), the pure checks (runner/validate.py), the pre-flight probes
+(runner/preflight.py) and the --help text (runner/helptext.py) all read it from here. Adding a strategy, cluster,
+data source or executor is one schema dataclass and one decorated builder in that module, plus one YAML file,
+conf/<group>/<name>.yaml, that selects `/schema/<group>/<name>`.
+
+No TensorFlow here, and none at the top of the group modules: config-only commands load all of them.
+"""
+
+import importlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable, Dict, Optional
+
+from runner.errors import ConfigError
+
+# group -> (the module that registers its options, the capabilities an option may declare: their defaults)
+GROUPS: Dict[str, tuple] = {
+    "strategy": ("runner.builders.strategy", {
+        "cross_device_ops": ("auto",),  # the cross_device_ops options it takes
+        "multi_process": False,  # may run as one task of a cluster of processes (a cluster with `processes`)
+        "inputs": None,  # the data.input paths it supports (None: all of them)
+    }),
+    "cross_device_ops": ("runner.builders.cross_device_ops", {}),
+    "cluster": ("runner.builders.cluster", {
+        "processes": False,  # its tasks are separate processes: only `multi_process` strategies fit
+        "reads_tf_config": False,  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
+    }),
+    "data": ("runner.builders.data", {
+        "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
+        "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
+    }),
+    "executor": ("runner.builders.executor", {}),
+}
+# Every option may also declare: `check`, a pure cross-field check of the whole config, and `probe`, a pre-flight
+# probe (files, network); both fn(cfg) -> None that raise ConfigError. They run only when the option is selected.
+COMMON = {"check": None, "probe": None}
+
+
+@dataclass(frozen=True)
+class Option:
+    group: str
+    name: str
+    schema: type  # the dataclass Hydra types the option's node with
+    build: Optional[Callable]  # None: never built inside a task (cluster=localhost is started by the launcher)
+    help: str  # what it builds, for --help
+    caps: SimpleNamespace  # the group's capabilities (GROUPS) plus check and probe
+
+    def node(self):
+        """The schema with the option's name filled in, as stored in Hydra's ConfigStore."""
+        return self.schema(name=self.name)
+
+
+_options: Dict[str, Dict[str, Option]] = {group: {} for group in GROUPS}
+_intros: Dict[str, str] = {}
+
+
+def register(group: str, name: str, *, schema: type, help: str, build: Optional[Callable] = None, **caps) -> Option:
+    allowed = {**GROUPS[group][1], **COMMON}
+    unknown = sorted(set(caps) - set(allowed))
+    if unknown:
+        raise TypeError(f"{group}={name}: unknown capabilities {unknown}; a {group} option may declare {sorted(allowed)}")
+    registered = Option(group, name, schema, build, help, SimpleNamespace(**{**allowed, **caps}))
+    _options[group][name] = registered
+    return registered
+
+
+def option(group: str, name: str, *, schema: type, help: str, **caps):
+    """Decorator form of `register`: the decorated function is the option's builder."""
+    def decorate(build: Callable) -> Callable:
+        register(group, name, schema=schema, help=help, build=build, **caps)
+        return build
+
+    return decorate
+
+
+def describe(group: str, intro: str) -> None:
+    """What the group as a whole builds, for --help (declared in the group's module)."""
+    _intros[group] = intro
+
+
+def intro(group: str) -> str:
+    options(group)
+    return _intros.get(group, "")
+
+
+def options(group: str) -> Dict[str, Option]:
+    """The group's options, in registration order (importing its module registers them)."""
+    importlib.import_module(GROUPS[group][0])
+    return _options[group]
+
+
+def get(group: str, name) -> Option:
+    found = options(group).get(name)
+    if found is None:
+        raise ConfigError(f"{group}={name} is unknown; choose one of: {', '.join(options(group))}.")
+    return found
+
+
+def selected(cfg, group: str) -> Option:
+    """The option the root config selects for `group`."""
+    return get(group, cfg[group].name)
