@@ -1,0 +1,111 @@
+"""Config composition from conf/ itself (hydra.initialize_config_dir + compose, schemas registered): the defaults
+README documents, the output directories, and the mistakes refused before TensorFlow, whether Hydra refuses them
+while composing (unknown keys and options, wrong types) or the runner's checks right after."""
+
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from runner import app, schema  # noqa: F401  (app registers the `runner.or` resolver hydra.run.dir uses)
+from runner.errors import ConfigError
+from runner.validate import validate
+
+from helpers import ROOT
+
+schema.register()
+CONF = ROOT / "conf"
+
+
+def composed(*overrides, hydra=False):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def test_the_default_experiment_is_readmes():
+    """README: `python -m runner` is an MLP on synthetic data, Model.fit, the default strategy, in this process."""
+    cfg = composed()
+    assert cfg.strategy.name == "default" and cfg.cross_device_ops.name == "auto" and cfg.cluster.name == "local"
+    assert cfg.model._target_ == "runner.models.mlp" and cfg.data.name == "synthetic" and cfg.executor.name == "fit"
+    assert cfg.data.input == "tf_data"
+    assert cfg.devices.logical_cpus == 1
+    validate(cfg)
+
+
+def test_documented_defaults():
+    cfg = composed()
+    assert cfg.mlflow.tracking_uri is None and cfg.mlflow.enabled is True  # None: $MLFLOW_TRACKING_URI, else ./mlflow.db
+    assert cfg.mlflow.flush_every_sec == 30 and cfg.mlflow.delivery_timeout_sec == 120
+    assert cfg.checkpoint.enabled is True and cfg.checkpoint.dir is None  # <output_dir>/checkpoints
+    assert cfg.resume is None and cfg.save_model is True
+    assert cfg.cluster.start_timeout_sec == 120
+    localhost = composed("strategy=multi_worker_mirrored", "cluster=localhost").cluster
+    assert localhost.failure_grace_sec == 5 and localhost.start_timeout_sec == 120
+    assert localhost.workers == 2 and localhost.ps == 0 and localhost.evaluator is False
+    assert composed("cluster=tpu").cluster.tpu == "local"
+
+
+def test_every_default_has_its_schema_type():
+    cfg = composed()
+    for key, node in (
+        ("train", schema.TrainConfig),
+        ("devices", schema.DevicesConfig),
+        ("mlflow", schema.MlflowConfig),
+        ("checkpoint", schema.CheckpointConfig),
+    ):
+        assert OmegaConf.get_type(cfg[key]) is node, key  # the schema's dataclass, not a plain dict
+    assert isinstance(cfg.train.epochs, int) and isinstance(cfg.train.optimizer.learning_rate, float)
+
+
+def test_a_run_writes_to_a_dated_output_directory_unless_it_resumes():
+    run = composed(hydra=True).hydra
+    assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", run.run.dir), run.run.dir
+    assert run.job.name == "runner" and run.job.chdir is False  # the log is <output_dir>/runner.log; cwd stays
+    assert re.fullmatch(r"multirun/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", run.sweep.dir)
+    assert OmegaConf.to_container(run.sweep)["subdir"] == "${hydra.job.num}"  # one directory per job
+    assert composed("resume=/runs/2026-11-30/10-00-00", hydra=True).hydra.run.dir == "/runs/2026-11-30/10-00-00"
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_preset_composes_and_validates(preset):
+    cfg = composed(f"experiment={preset}")
+    if preset != "strategy_sweep":  # a sweep's own config is one of its jobs', checked per job
+        validate(cfg)
+
+
+# --- refused before TensorFlow: by Hydra while composing, or by the runner's checks right after -----------------
+def refusal(*overrides) -> str:
+    """The message that refuses these overrides, from Hydra's composition or from validate()."""
+    try:
+        cfg = composed(*overrides)
+    except HydraException as err:
+        return " ".join(str(e) for e in (err, err.__cause__) if e)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        (["train.nonexistent=1"], ["train.nonexistent"]),  # an unknown key
+        (["train.epochs=lots"], ["train.epochs", "lots"]),  # a wrong type
+        (["data.num_examples=1.5"], ["data.num_examples", "1.5"]),
+        (["strategy=nonexistent"], ["strategy/nonexistent"]),  # an unknown option
+        (["executor=fast"], ["executor/fast"]),
+        (["strategy.devices=[/cpu:0]"], ["strategy.devices"]),  # a key of another option (mirrored's, not default's)
+        (["cluster.workers=2"], ["cluster.workers"]),  # cluster=localhost's, not cluster=local's
+        (["executor.verbose=loud"], ["executor.verbose", "loud"]),
+        (["data.task=ranking"], ["data.task", "ranking"]),
+        (
+            ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.kind=weird"],
+            ["strategy.variable_partitioner.kind", "weird"],
+        ),
+    ],
+)
+def test_mistakes_are_refused_naming_the_key(overrides, needles):
+    message = refusal(*overrides)
+    for needle in needles:
+        assert needle in message, message

@@ -1,0 +1,178 @@
+"""runner/report.py: the sweep's comparison table and plots, from real child runs created with MlflowClient in a
+fresh SQLite store, the way runner/sweep.py nests them under a parent run."""
+
+import csv
+import json
+
+import pytest
+
+from runner import report
+
+
+@pytest.fixture
+def sweep(sqlite_uri, tmp_path):
+    """A parent run and a function that adds child runs to it as a sweep's jobs log them."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(sqlite_uri)
+    experiment = client.create_experiment("sweep", artifact_location=str(tmp_path / "artifacts"))
+    parent = client.create_run(experiment, run_name="sweep-parent")
+    sweep_dir = tmp_path / "multirun"
+    (sweep_dir / ".runner").mkdir(parents=True)
+
+    def job(
+        num,
+        strategy,
+        executor,
+        replicas=None,
+        examples_per_sec=None,
+        losses=(),
+        status="FINISHED",
+        returncode=None,
+        overrides=None,
+        eval_accuracy=None,
+    ):
+        tags = {"mlflow.parentRunId": parent.info.run_id, "sweep.job_num": str(num)}
+        if replicas is not None:
+            tags["num_replicas_in_sync"] = str(replicas)
+        run = client.create_run(experiment, run_name=f"job-{num}", tags=tags)
+        run_id = run.info.run_id
+        client.log_param(run_id, "strategy.name", strategy)
+        client.log_param(run_id, "executor.name", executor)
+        for step, loss in enumerate(losses, 1):
+            client.log_metric(run_id, "loss", loss, step=step)
+        if examples_per_sec is not None:
+            client.log_metric(run_id, "summary/examples_per_sec", examples_per_sec)
+            client.log_metric(run_id, "summary/examples_per_sec_per_replica", examples_per_sec / replicas)
+            client.log_metric(run_id, "eval/loss", losses[-1] * 1.1)
+        if eval_accuracy is not None:
+            client.log_metric(run_id, "eval/accuracy", eval_accuracy)
+        client.set_terminated(run_id, status)
+        if returncode is not None:  # what the sweep's job process records when it ends
+            record = {
+                "num": num,
+                "overrides": overrides or [f"strategy={strategy}", f"executor={executor}"],
+                "returncode": returncode,
+                "dir": str(sweep_dir / str(num)),
+            }
+            (sweep_dir / ".runner" / f"job-{num}.json").write_text(json.dumps(record))
+        return run_id
+
+    return client, parent.info.run_id, sweep_dir, job
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_report_holds_one_row_per_job_in_job_order_and_ends_the_parent_finished(sweep, capsys):
+    client, parent, sweep_dir, job = sweep
+    job(1, "mirrored", "fit", replicas=2, examples_per_sec=1600.0, losses=[0.9, 0.5], returncode=0, eval_accuracy=0.75)
+    job(0, "one_device", "fit", replicas=1, examples_per_sec=1000.0, losses=[1.0, 0.6, 0.4], returncode=0, eval_accuracy=0.7)
+    job(2, "central_storage", "custom_loop", replicas=2, examples_per_sec=900.5, losses=[0.8, 0.7], returncode=0)
+
+    failed = report.write_report(client.tracking_uri, parent, str(sweep_dir))
+
+    assert failed == []
+    rows = read_csv(sweep_dir / "report.csv")
+    assert [r["job"] for r in rows] == ["0", "1", "2"]
+    assert list(rows[0]) == report.COLUMNS
+    assert rows[0] == {
+        "job": "0",
+        "run": "job-0",
+        "status": "FINISHED",
+        "strategy": "one_device",
+        "executor": "fit",
+        "replicas": "1",
+        "examples_per_sec": "1000.0",
+        "examples_per_sec_per_replica": "1000.0",
+        "final_loss": "0.4",
+        "eval_loss": str(0.4 * 1.1),
+        "eval_accuracy": "0.7",
+    }
+    assert rows[2]["eval_accuracy"] == ""  # not logged: an empty cell
+    md = (sweep_dir / "report.md").read_text().splitlines()
+    assert md[0] == "| " + " | ".join(report.COLUMNS) + " |" and len(md) == 2 + 3
+    assert md[2].startswith("| 0 | job-0 | FINISHED | one_device | fit | 1 | 1,000.0 | 1,000.0 | 0.4000 |")
+    for name in ("throughput.png", "loss_curves.png", "scaling_efficiency.png"):
+        assert (sweep_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    run = client.get_run(parent)
+    assert run.info.status == "FINISHED" and run.data.tags["sweep.failed_jobs"] == "0"
+    logged = {a.path for a in client.list_artifacts(parent, "report")}
+    assert logged == {
+        f"report/{n}" for n in ("report.csv", "report.md", "throughput.png", "loss_curves.png", "scaling_efficiency.png")
+    }
+    out = capsys.readouterr().out
+    assert "job  run    status" in out and f"MLflow parent run sweep-parent ({parent})" in out
+
+
+def test_failed_jobs_are_named_and_fail_the_parent(sweep):
+    client, parent, sweep_dir, job = sweep
+    job(0, "one_device", "fit", replicas=1, examples_per_sec=1000.0, losses=[1.0], returncode=0)
+    job(1, "mirrored", "fit", status="FAILED", returncode=1, overrides=["strategy=mirrored", "cross_device_ops=nccl"])
+    job(2, "mirrored", "fit", replicas=2, losses=[1.0], status="KILLED")  # its process left no record: named by its run
+    job(3, "tpu", "fit", returncode=2, overrides=["strategy=tpu"])  # the process failed though its run says FINISHED
+
+    failed = report.write_report(client.tracking_uri, parent, str(sweep_dir))
+
+    assert failed == ["#1 (strategy=mirrored cross_device_ops=nccl)", "#3 (strategy=tpu)", "#2 (job-2)"]
+    assert [r["status"] for r in read_csv(sweep_dir / "report.csv")] == ["FINISHED", "FAILED", "KILLED", "FINISHED"]
+    run = client.get_run(parent)
+    assert run.info.status == "FAILED" and run.data.tags["sweep.failed_jobs"] == "3"
+    assert not (sweep_dir / "scaling_efficiency.png").exists()  # no multi-replica job finished with a throughput
+
+
+def test_a_sweep_with_no_job_that_finished_still_reports(sweep):
+    client, parent, sweep_dir, job = sweep
+    job(0, "mirrored", "fit", status="FAILED", returncode=1)
+    assert report.write_report(client.tracking_uri, parent, str(sweep_dir)) == ["#0 (strategy=mirrored executor=fit)"]
+    assert (sweep_dir / "loss_curves.png").exists() and not (sweep_dir / "throughput.png").exists()
+    assert read_csv(sweep_dir / "report.csv")[0]["replicas"] == ""
+
+
+# --- the table's pieces, on rows as _row makes them --------------------------------------------------------------
+def row(job, executor="fit", replicas=1, examples_per_sec=100.0, **more):
+    base = {c: "" for c in report.COLUMNS}
+    base.update(
+        job=job,
+        run=f"job-{job}",
+        status="FINISHED",
+        strategy="s",
+        executor=executor,
+        replicas=replicas,
+        examples_per_sec=examples_per_sec,
+        **more,
+    )
+    return base
+
+
+def test_scaling_efficiency_is_over_the_fastest_one_replica_job_of_the_same_executor():
+    rows = [
+        row(0, replicas=1, examples_per_sec=1000.0),
+        row(1, replicas=1, examples_per_sec=800.0),
+        row(2, replicas=4, examples_per_sec=3000.0),
+        row(3, executor="custom_loop", replicas=1, examples_per_sec=500.0),
+        row(4, executor="custom_loop", replicas=2, examples_per_sec=900.0),
+        row(5, replicas=2, examples_per_sec=""),  # failed: no throughput
+        row(6, executor="other", replicas=2, examples_per_sec=900.0),  # no one-replica baseline
+        row(7, replicas="", examples_per_sec=900.0),  # replicas unknown
+    ]
+    assert report.scaling_efficiency(rows) == {2: pytest.approx(0.75), 4: pytest.approx(0.9)}
+
+
+def test_table_text_aligns_columns_and_formats_numbers():
+    rows = [row(0, examples_per_sec=12345.678, final_loss=0.123456), row(10, examples_per_sec=99.5, final_loss="")]
+    lines = report.table_text(rows).splitlines()
+    assert len(lines) == 3 and lines[0].split() == report.COLUMNS
+    assert "12,345.7" in lines[1] and "0.1235" in lines[1] and "99.5000" in lines[2]
+    starts = [line.index("FINISHED") for line in lines[1:]]
+    assert starts[0] == starts[1] == lines[0].index("status")
+
+
+def test_markdown_has_a_header_a_rule_and_one_line_per_row():
+    text = report.markdown([row(0), row(1)])
+    lines = text.splitlines()
+    assert text.endswith("\n") and len(lines) == 4
+    assert lines[1] == "|" + "---|" * len(report.COLUMNS)
+    assert lines[3].startswith("| 1 | job-1 | FINISHED | s | fit | 1 | 100.0 |")
