@@ -9,6 +9,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from helpers import MlflowServer, run_runner
 
 

@@ -136,9 +136,27 @@ class MlflowServer:
 
         env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.root}/server.db", "--default-artifact-root", str(self.root / "artifacts")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{self.root}/server.db",
+                "--default-artifact-root",
+                str(self.root / "artifacts"),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

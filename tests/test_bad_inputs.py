@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from omegaconf import OmegaConf
 
-from helpers import ROOT, run_runner
 from runner import data_checks, datasets, schema
 from runner.builders.data import build_data
 from runner.errors import ConfigError
 from runner.validate import validate
+
+from helpers import ROOT, run_runner
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
@@ -46,28 +47,39 @@ def assert_refused(cfg, *needles):
 
 
 # --- (a) the checks themselves, in-process -------------------------------------------------------------------
-@pytest.mark.parametrize("overrides,needles", [
-    (["train.optimizer.clipnorm=-1"], ["train.optimizer.clipnorm=-1.0 must be greater than 0", "or null (no clipping)"]),
-    (["train.seed=-1"], ["train.seed=-1 must be between 0 and 4294967295"]),
-    (["train.seed=4294967296"], ["train.seed=4294967296"]),
-    (["mlflow.flush_every_sec=0"], ["mlflow.flush_every_sec=0.0 must be 1 or more", "slows training"]),
-    (["data.num_examples=-5"], ["data.num_examples=-5 must be a positive integer"]),
-    (["data=ones", "data.eval_examples=0"], ["data.eval_examples=0 must be a positive integer"]),
-    (["data.num_classes=1"], ["data.num_classes=1 must be 2 or more"]),
-    (["train.optimizer.learning_rate=nan"], ["train.optimizer.learning_rate=nan must be finite"]),
-    (["train.optimizer.momentum=1.5"], ["train.optimizer.momentum=1.5"]),
-    (["checkpoint.max_to_keep=0"], ["checkpoint.max_to_keep=0"]),
-    (["checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps=0 must be 1 or more, or null"]),
-    (["data.shuffle_buffer=0"], ["data.shuffle_buffer=0", "data.shuffle=false"]),
-    (["devices.gpus=[0,-1]"], ["devices.gpus=[0, -1] every element must be 0 or more"]),
-    (["strategy=multi_worker_mirrored", "strategy.collective_timeout_sec=-3"], ["strategy.collective_timeout_sec=-3.0"]),
-    (["cross_device_ops=hierarchical_copy", "strategy=mirrored", "cross_device_ops.num_packs=-1"], ["cross_device_ops.num_packs=-1"]),
-    (["strategy=multi_worker_mirrored", "cluster=slurm", "cluster.port_base=70000"], ["cluster.port_base=70000", "TCP port"]),
-    (["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.num_shards=0"],
-     ["strategy.variable_partitioner.num_shards=0"]),
-    (["train.global_batch_size=1000000000", "train.steps_per_epoch=1"], ["train.global_batch_size=1000000000 would need about", "available"]),
-    (["data.num_examples=100000000000"], ["data.num_examples=100000000000 would need about", "available"]),
-])
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        (["train.optimizer.clipnorm=-1"], ["train.optimizer.clipnorm=-1.0 must be greater than 0", "or null (no clipping)"]),
+        (["train.seed=-1"], ["train.seed=-1 must be between 0 and 4294967295"]),
+        (["train.seed=4294967296"], ["train.seed=4294967296"]),
+        (["mlflow.flush_every_sec=0"], ["mlflow.flush_every_sec=0.0 must be 1 or more", "slows training"]),
+        (["data.num_examples=-5"], ["data.num_examples=-5 must be a positive integer"]),
+        (["data=ones", "data.eval_examples=0"], ["data.eval_examples=0 must be a positive integer"]),
+        (["data.num_classes=1"], ["data.num_classes=1 must be 2 or more"]),
+        (["train.optimizer.learning_rate=nan"], ["train.optimizer.learning_rate=nan must be finite"]),
+        (["train.optimizer.momentum=1.5"], ["train.optimizer.momentum=1.5"]),
+        (["checkpoint.max_to_keep=0"], ["checkpoint.max_to_keep=0"]),
+        (["checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps=0 must be 1 or more, or null"]),
+        (["data.shuffle_buffer=0"], ["data.shuffle_buffer=0", "data.shuffle=false"]),
+        (["devices.gpus=[0,-1]"], ["devices.gpus=[0, -1] every element must be 0 or more"]),
+        (["strategy=multi_worker_mirrored", "strategy.collective_timeout_sec=-3"], ["strategy.collective_timeout_sec=-3.0"]),
+        (
+            ["cross_device_ops=hierarchical_copy", "strategy=mirrored", "cross_device_ops.num_packs=-1"],
+            ["cross_device_ops.num_packs=-1"],
+        ),
+        (["strategy=multi_worker_mirrored", "cluster=slurm", "cluster.port_base=70000"], ["cluster.port_base=70000", "TCP port"]),
+        (
+            ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.num_shards=0"],
+            ["strategy.variable_partitioner.num_shards=0"],
+        ),
+        (
+            ["train.global_batch_size=1000000000", "train.steps_per_epoch=1"],
+            ["train.global_batch_size=1000000000 would need about", "available"],
+        ),
+        (["data.num_examples=100000000000"], ["data.num_examples=100000000000 would need about", "available"]),
+    ],
+)
 def test_values_out_of_range_are_refused_before_tensorflow(overrides, needles):
     assert_refused(composed(*overrides), *needles)
 
@@ -78,12 +90,23 @@ def test_every_numeric_schema_field_declares_a_range():
 
     missing = []
     for kind in {k for options in schema.GROUP_SCHEMAS.values() for k in options.values()} | {
-            schema.DevicesConfig, schema.TrainConfig, schema.OptimizerConfig, schema.MlflowConfig, schema.CheckpointConfig,
-            schema.VariablePartitionerConfig}:
+        schema.DevicesConfig,
+        schema.TrainConfig,
+        schema.OptimizerConfig,
+        schema.MlflowConfig,
+        schema.CheckpointConfig,
+        schema.VariablePartitionerConfig,
+    }:
         hints = typing.get_type_hints(kind)
         for f in dataclasses.fields(kind):
-            if any(t in (int, float) for t in (hints[f.name], *typing.get_args(hints[f.name]),
-                                               *[a for t in typing.get_args(hints[f.name]) for a in typing.get_args(t)])):
+            if any(
+                t in (int, float)
+                for t in (
+                    hints[f.name],
+                    *typing.get_args(hints[f.name]),
+                    *[a for t in typing.get_args(hints[f.name]) for a in typing.get_args(t)],
+                )
+            ):
                 if "range" not in f.metadata:
                     missing.append(f"{kind.__name__}.{f.name}")
     assert not missing, missing
@@ -117,22 +140,28 @@ X = np.zeros((8, 3), np.float32)
 Y = np.arange(8) % 2
 
 
-@pytest.mark.parametrize("data,needles", [
-    (_arrays(X, Y[:5]), ["'x_train' has 8 examples but 'y_train' has 5"]),
-    (_arrays(X, np.arange(9) % 2), ["'y_train' is longer"]),
-    (_arrays(np.where(np.eye(8, 3) > 0, np.nan, 0).astype(np.float32), Y), ["'x_train' holds", "non-finite", "nan at index [0, 0]"]),
-    (_arrays(X, Y, x_eval=np.zeros((8, 4), np.float32)), ["'x_train' has (3,) per example, 'x_eval' has (4,)"]),
-    (_arrays(X.astype("U3"), Y), ["'x_train' holds <U3 values (text)"]),
-    (_arrays(X[:0], Y[:0]), ["'x_train' is empty"]),
-    (_arrays(X[:, 0], Y), ["'x_train' has shape (8,)", "reshape"]),
-    (_arrays(X, Y - 1), ["holds the label -1"]),
-    (_arrays(X, Y + 3, num_classes=2), ["holds the label 4, but there are 2 classes"]),
-    (_arrays(X, Y * 10**9), ["holds the label 1000000000", "outputs"]),
-    (_arrays(X, Y.astype(np.float32)), ["integer class labels", "float32"]),
-    (_arrays(X, np.eye(8, 2, dtype=np.int64)), ["One-hot", "shape (8, 2)"]),
-    (_arrays(X, np.zeros(8, np.int64), num_classes=1), ["at least two classes"]),
-    (_arrays(X, np.full((8, 1), np.inf, np.float32), task="regression"), ["'y_train' holds 8 non-finite"]),
-])
+@pytest.mark.parametrize(
+    "data,needles",
+    [
+        (_arrays(X, Y[:5]), ["'x_train' has 8 examples but 'y_train' has 5"]),
+        (_arrays(X, np.arange(9) % 2), ["'y_train' is longer"]),
+        (
+            _arrays(np.where(np.eye(8, 3) > 0, np.nan, 0).astype(np.float32), Y),
+            ["'x_train' holds", "non-finite", "nan at index [0, 0]"],
+        ),
+        (_arrays(X, Y, x_eval=np.zeros((8, 4), np.float32)), ["'x_train' has (3,) per example, 'x_eval' has (4,)"]),
+        (_arrays(X.astype("U3"), Y), ["'x_train' holds <U3 values (text)"]),
+        (_arrays(X[:0], Y[:0]), ["'x_train' is empty"]),
+        (_arrays(X[:, 0], Y), ["'x_train' has shape (8,)", "reshape"]),
+        (_arrays(X, Y - 1), ["holds the label -1"]),
+        (_arrays(X, Y + 3, num_classes=2), ["holds the label 4, but there are 2 classes"]),
+        (_arrays(X, Y * 10**9), ["holds the label 1000000000", "outputs"]),
+        (_arrays(X, Y.astype(np.float32)), ["integer class labels", "float32"]),
+        (_arrays(X, np.eye(8, 2, dtype=np.int64)), ["One-hot", "shape (8, 2)"]),
+        (_arrays(X, np.zeros(8, np.int64), num_classes=1), ["at least two classes"]),
+        (_arrays(X, np.full((8, 1), np.inf, np.float32), task="regression"), ["'y_train' holds 8 non-finite"]),
+    ],
+)
 def test_data_checks_name_the_array_and_value(data, needles):
     with pytest.raises(ConfigError) as err:
         data_checks.check_data(data, "data.path='d.npz'")
@@ -154,24 +183,24 @@ def _floats(lo=None, hi=None, **kw):
 
 # key -> values outside its declared range (NaN and inf are outside every range)
 OUT_OF_RANGE = {
-    "train.epochs": st.integers(-10**6, 0),
-    "train.global_batch_size": st.integers(-10**6, 0),
-    "train.steps_per_epoch": st.integers(-10**6, 0),
-    "train.steps_per_execution": st.integers(-10**3, 0),
-    "train.log_every_n_steps": st.integers(-10**3, 0),
-    "train.seed": st.one_of(st.integers(-10**9, -1), st.integers(2**32, 2**40)),
+    "train.epochs": st.integers(-(10**6), 0),
+    "train.global_batch_size": st.integers(-(10**6), 0),
+    "train.steps_per_epoch": st.integers(-(10**6), 0),
+    "train.steps_per_execution": st.integers(-(10**3), 0),
+    "train.log_every_n_steps": st.integers(-(10**3), 0),
+    "train.seed": st.one_of(st.integers(-(10**9), -1), st.integers(2**32, 2**40)),
     "train.optimizer.learning_rate": st.one_of(_floats(-1e6, 0), st.sampled_from([float("nan"), float("inf")])),
     "train.optimizer.clipnorm": _floats(-1e6, 0),
     "train.optimizer.momentum": st.one_of(_floats(1, 1e6), _floats(-1e6, 0, exclude_max=True)),
     "mlflow.flush_every_sec": st.one_of(_floats(-1e6, 0.99), st.just(float("nan"))),
     "mlflow.delivery_timeout_sec": _floats(-1e6, 0, exclude_max=True),
-    "data.num_examples": st.integers(-10**6, 0),
-    "data.eval_examples": st.integers(-10**6, 0),
-    "data.num_features": st.integers(-10**3, 0),
+    "data.num_examples": st.integers(-(10**6), 0),
+    "data.eval_examples": st.integers(-(10**6), 0),
+    "data.num_features": st.integers(-(10**3), 0),
     "data.noise": _floats(-1e6, 0, exclude_max=True),
-    "data.seed": st.integers(-10**9, -1),
-    "checkpoint.max_to_keep": st.integers(-10**3, 0),
-    "devices.logical_cpus": st.integers(-10**3, 0),
+    "data.seed": st.integers(-(10**9), -1),
+    "checkpoint.max_to_keep": st.integers(-(10**3), 0),
+    "devices.logical_cpus": st.integers(-(10**3), 0),
     "cluster.start_timeout_sec": _floats(-1e6, 0),
 }
 # combinations that do not work, with what the message must name
@@ -227,6 +256,8 @@ def test_the_cli_refuses_bad_config_in_one_paragraph(tmp_path_factory, case):
 
 # Malformed .npz files: arrays of any shape and dtype, lengths that disagree, NaN/inf, text, objects, complex.
 DTYPES = st.sampled_from(["float32", "float64", "int8", "int64", "uint8", "bool", "<U2", "complex64", "float16"])
+
+
 def _any_array():
     return DTYPES.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)))
 
@@ -248,8 +279,12 @@ def _well_formed(data):
 
 
 @settings(max_examples=150, deadline=None)
-@given(contents=npz_contents, task=st.sampled_from(["classification", "regression"]),
-       object_array=st.sampled_from([None, "x_train", "y_eval"]), batch=st.integers(1, 40))
+@given(
+    contents=npz_contents,
+    task=st.sampled_from(["classification", "regression"]),
+    object_array=st.sampled_from([None, "x_train", "y_eval"]),
+    batch=st.integers(1, 40),
+)
 def test_malformed_npz_files_end_in_a_config_error_naming_the_file(contents, task, object_array, batch):
     if object_array:
         contents[object_array] = np.array([[1, "a"]] * 3, dtype=object)
@@ -269,7 +304,7 @@ def test_malformed_npz_files_end_in_a_config_error_naming_the_file(contents, tas
     _well_formed(data)
 
 
-# --- (b) end to end through TensorFlow: each ~6-15 s, two at a time (eval width, dtypes, labels: in-process above) -----------------------------------------------
+# --- (b) end to end through TensorFlow: each ~6-15 s, two at a time (eval width, dtypes, labels: in-process above) ---
 @pytest.fixture(scope="module")
 def bad_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-npz")
@@ -304,11 +339,21 @@ def test_bad_data_and_devices_end_failed_before_the_first_step(runner, bad_files
 
     common = ["train.epochs=1", f"mlflow.experiment_name={EXPERIMENT}"]
     cases = {
-        "short-labels": (["data=npz", f"data.path={bad_files}/short-labels.npz"], ["'x_train' has 64 examples but 'y_train' has 40"]),
+        "short-labels": (
+            ["data=npz", f"data.path={bad_files}/short-labels.npz"],
+            ["'x_train' has 64 examples but 'y_train' has 40"],
+        ),
         "nan-features": (["data=npz", f"data.path={bad_files}/nan-features.npz"], ["'x_train' holds 1 non-finite", "[5, 1]"]),
-        "missing-device": (["strategy=mirrored", "devices.logical_cpus=2", "strategy.devices=[/cpu:0,/cpu:7]", "data=npz",
-                            f"data.path={bad_files}/good.npz"], ["strategy.devices='/cpu:7' names a device that does not exist",
-                                                                 "/device:CPU:1"]),
+        "missing-device": (
+            [
+                "strategy=mirrored",
+                "devices.logical_cpus=2",
+                "strategy.devices=[/cpu:0,/cpu:7]",
+                "data=npz",
+                f"data.path={bad_files}/good.npz",
+            ],
+            ["strategy.devices='/cpu:7' names a device that does not exist", "/device:CPU:1"],
+        ),
     }
     results = runner.many({name: [*args, *common] for name, (args, _) in cases.items()}, timeout=180)
     client = MlflowClient(runner.uri)

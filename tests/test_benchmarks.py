@@ -13,16 +13,19 @@ pytestmark = pytest.mark.slow  # end to end: each benchmark is a subprocess that
 IN_PROCESS = {
     # module: (arguments, the ways it times, in order; the first is the reference)
     "benchmarks.paired": (["--logical-cpus=2", "--global-batch=8"], ["guide", "stacked", "written"]),
-    "benchmarks.call_overhead": (["--strategy=mirrored", "--logical-cpus=2"],
-                                 ["tf.function", "concrete function", "runner (concrete_per_iterator)"]),
+    "benchmarks.call_overhead": (
+        ["--strategy=mirrored", "--logical-cpus=2"],
+        ["tf.function", "concrete function", "runner (concrete_per_iterator)"],
+    ),
 }
 
 
 @pytest.mark.parametrize("module", list(IN_PROCESS))
 def test_in_process_benchmark_prints_a_row_per_way(module):
     args, ways = IN_PROCESS[module]
-    proc = subprocess.run([sys.executable, "-m", module, *args, "--rounds=1", "--calls=2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "--rounds=1", "--calls=2"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line.strip("| ").split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
     assert [row[0] for row in rows] == ways

@@ -48,9 +48,13 @@ def _get(url):
 def test_dashboard_prints_its_address_once_it_answers_and_stays_quiet(tmp_path):
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runner.dashboard", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
-         "--port", str(port)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [sys.executable, "-m", "runner.dashboard", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines, seen = _lines(proc), []
     try:
         deadline = time.monotonic() + 120
@@ -91,9 +95,12 @@ def test_dashboard_on_a_taken_port_says_so_at_once(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "runner.dashboard", "--tracking-uri",
-                               f"sqlite:///{tmp_path}/mlflow.db", "--port", str(port)],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.dashboard", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
     assert f"127.0.0.1:{port}" in done.stderr and "--port" in done.stderr and "Traceback" not in done.stderr
 
@@ -115,8 +122,11 @@ def _help_groups():
 
 
 def test_help_template_lists_every_group_and_option_in_conf():
-    on_disk = {d.name: sorted(f.stem for f in d.glob("*.yaml"))
-               for d in CONF.iterdir() if d.is_dir() and d.name not in ("hydra", "__pycache__")}
+    on_disk = {
+        d.name: sorted(f.stem for f in d.glob("*.yaml"))
+        for d in CONF.iterdir()
+        if d.is_dir() and d.name not in ("hydra", "__pycache__")
+    }
     listed = {group: sorted(options) for group, options in _help_groups().items()}
     assert listed == on_disk  # add an option file and its name in conf/hydra/help/runner.yaml together
 
@@ -150,8 +160,9 @@ def test_deliver_refuses_a_directory_that_is_not_a_run(tmp_path):
     missing = tmp_path / "no-such-run"
     (tmp_path / "empty").mkdir()
     for directory in (missing, tmp_path / "empty"):
-        done = subprocess.run([sys.executable, "-m", "runner.deliver", str(directory)],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.deliver", str(directory)], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 2, done
         assert str(directory) in done.stderr and "outputs/<date>/<time>" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
@@ -159,8 +170,7 @@ def test_deliver_refuses_a_directory_that_is_not_a_run(tmp_path):
 
 def test_deliver_in_a_run_directory_with_nothing_pending_succeeds(tmp_path):
     (tmp_path / ".hydra").mkdir()
-    done = subprocess.run([sys.executable, "-m", "runner.deliver", str(tmp_path)], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-m", "runner.deliver", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Nothing to deliver" in done.stdout
 
 
@@ -169,8 +179,11 @@ def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_ru
     """Hydra makes the run directory before any runner code runs: a path under a regular file, or under /proc,
     used to end in its traceback."""
     (tmp_path / "a-file").write_text("")
-    for override in (f"hydra.run.dir={tmp_path}/a-file/run", "hydra.run.dir=/proc/no-such/run",
-                     f"hydra.sweep.dir={tmp_path}/a-file/sweep"):
+    for override in (
+        f"hydra.run.dir={tmp_path}/a-file/run",
+        "hydra.run.dir=/proc/no-such/run",
+        f"hydra.sweep.dir={tmp_path}/a-file/sweep",
+    ):
         argv = [sys.executable, "-m", "runner", *(["-m"] if "sweep" in override else []), override]
         started = time.monotonic()
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)

@@ -105,10 +105,23 @@ def test_tf_config_tasks_started_by_hand(runner, tmp_path):
     for i in range(2):
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
         env.update(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}}), RUNNER_LAUNCH_ID="by-hand")
-        argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=tf_config", *FAST,
-                "executor=custom_loop", f"mlflow.experiment_name={EXPERIMENT}-tf_config", "mlflow.run_name=by-hand",
-                f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/w{i}", f"checkpoint.dir={tmp_path}/ckpt"]
-        procs.append(subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        argv = [
+            sys.executable,
+            "-m",
+            "runner",
+            "strategy=multi_worker_mirrored",
+            "cluster=tf_config",
+            *FAST,
+            "executor=custom_loop",
+            f"mlflow.experiment_name={EXPERIMENT}-tf_config",
+            "mlflow.run_name=by-hand",
+            f"mlflow.tracking_uri={runner.uri}",
+            f"hydra.run.dir={tmp_path}/w{i}",
+            f"checkpoint.dir={tmp_path}/ckpt",
+        ]
+        procs.append(
+            subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert final_loss(outputs[0]) == final_loss(outputs[1])
@@ -120,8 +133,17 @@ def test_resume_continues_checkpoint_and_mlflow_run(runner):
     first = runner("resume", [*MWMS, "executor=custom_loop", *FAST, "train.epochs=1", f"mlflow.experiment_name={EXPERIMENT}"])
     assert first.returncode == 0, first.output[-3000:]
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "resume")
-    again = runner("resume-again", [*MWMS, "executor=custom_loop", *FAST, "train.epochs=2",
-                                    f"resume={first.run_dir}", f"mlflow.experiment_name={EXPERIMENT}"])
+    again = runner(
+        "resume-again",
+        [
+            *MWMS,
+            "executor=custom_loop",
+            *FAST,
+            "train.epochs=2",
+            f"resume={first.run_dir}",
+            f"mlflow.experiment_name={EXPERIMENT}",
+        ],
+    )
     assert again.returncode == 0, again.output[-3000:]
     assert "resumed from checkpoint at step 8" in again.output
     client, same = mlflow_run_by_name(runner.uri, EXPERIMENT, "resume")  # no second run was created
@@ -136,14 +158,25 @@ def _pid_of(live, task, timeout=120):
 
 
 def _long(executor):
-    return [f"executor={executor}", "data.num_examples=4096", "train.epochs=40", "train.global_batch_size=64",
-            "train.log_every_n_steps=20", "checkpoint.every_n_steps=40"]
+    return [
+        f"executor={executor}",
+        "data.num_examples=4096",
+        "train.epochs=40",
+        "train.global_batch_size=64",
+        "train.log_every_n_steps=20",
+        "checkpoint.every_n_steps=40",
+    ]
 
 
 def test_dead_mwms_worker_stops_the_job_and_the_rerun_resumes(runner):
     run_dir = runner.root / "runs" / "mwms-death"
-    args = [*MWMS, *_long("custom_loop"), "cluster.failure_grace_sec=3", f"mlflow.experiment_name={EXPERIMENT}",
-            "mlflow.run_name=mwms-death"]
+    args = [
+        *MWMS,
+        *_long("custom_loop"),
+        "cluster.failure_grace_sec=3",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=mwms-death",
+    ]
     live = LiveRun(args, runner.root, run_dir, runner.uri)
     victim = _pid_of(live, "worker:1")
     live.wait_for(lambda line: re.search(r"\[worker:0\].*epoch ([3-9]|\d\d)/40", line), 180)  # past a checkpoint
@@ -198,13 +231,30 @@ def test_slurm_resolver_from_an_allocations_environment(runner, tmp_path):
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        env.update(SLURM_PROCID=str(rank), SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost",
-                   SLURM_STEP_TASKS_PER_NODE="2", RUNNER_LAUNCH_ID="slurm-test")
-        argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=slurm",
-                f"cluster.port_base={port}", *FAST, f"mlflow.experiment_name={EXPERIMENT}-slurm",
-                "mlflow.run_name=slurm", f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/t{rank}",
-                f"checkpoint.dir={tmp_path}/ckpt"]
-        procs.append(subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env.update(
+            SLURM_PROCID=str(rank),
+            SLURM_STEP_NUM_TASKS="2",
+            SLURM_STEP_NODELIST="localhost",
+            SLURM_STEP_TASKS_PER_NODE="2",
+            RUNNER_LAUNCH_ID="slurm-test",
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "runner",
+            "strategy=multi_worker_mirrored",
+            "cluster=slurm",
+            f"cluster.port_base={port}",
+            *FAST,
+            f"mlflow.experiment_name={EXPERIMENT}-slurm",
+            "mlflow.run_name=slurm",
+            f"mlflow.tracking_uri={runner.uri}",
+            f"hydra.run.dir={tmp_path}/t{rank}",
+            f"checkpoint.dir={tmp_path}/ckpt",
+        ]
+        procs.append(
+            subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert final_loss(outputs[0]) == final_loss(outputs[1])
@@ -218,9 +268,18 @@ def test_a_peer_that_never_starts_stops_the_task_in_bounded_time(runner, tmp_pat
     spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}  # worker 1 is never started
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}}), RUNNER_LAUNCH_ID="lonely")
-    argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=tf_config",
-            "cluster.start_timeout_sec=8", f"mlflow.experiment_name={EXPERIMENT}-lonely", "mlflow.run_name=lonely",
-            f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/w0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "strategy=multi_worker_mirrored",
+        "cluster=tf_config",
+        "cluster.start_timeout_sec=8",
+        f"mlflow.experiment_name={EXPERIMENT}-lonely",
+        "mlflow.run_name=lonely",
+        f"mlflow.tracking_uri={runner.uri}",
+        f"hydra.run.dir={tmp_path}/w0",
+    ]
     started = time.monotonic()
     proc = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]  # stopped by the watchdog
@@ -237,11 +296,22 @@ def test_ctrl_c_stops_a_task_blocked_in_tensorflow_within_seconds(runner, tmp_pa
 
     spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}  # worker 1 is never started
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}}), RUNNER_LAUNCH_ID="blocked",
-               PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "runner", "strategy=multi_worker_mirrored", "cluster=tf_config",
-            f"mlflow.experiment_name={EXPERIMENT}-blocked", "mlflow.run_name=blocked",
-            f"mlflow.tracking_uri={runner.uri}", f"hydra.run.dir={tmp_path}/w0"]
+    env.update(
+        TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}}),
+        RUNNER_LAUNCH_ID="blocked",
+        PYTHONUNBUFFERED="1",
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "strategy=multi_worker_mirrored",
+        "cluster=tf_config",
+        f"mlflow.experiment_name={EXPERIMENT}-blocked",
+        "mlflow.run_name=blocked",
+        f"mlflow.tracking_uri={runner.uri}",
+        f"hydra.run.dir={tmp_path}/w0",
+    ]
     proc = subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if "MultiWorkerMirrored" in line or "MLflow run" in line:

@@ -20,14 +20,20 @@ def composed(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
-@pytest.mark.parametrize("group,options", [
-    ("strategy", ["default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu"]),
-    ("cross_device_ops", ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring"]),
-    ("model", ["linear", "mlp", "cnn"]),
-    ("data", ["ones", "synthetic", "digits", "npz"]),
-    ("executor", ["fit", "custom_loop"]),
-    ("cluster", ["local", "localhost", "tf_config", "slurm", "tpu"]),
-])
+@pytest.mark.parametrize(
+    "group,options",
+    [
+        (
+            "strategy",
+            ["default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu"],
+        ),
+        ("cross_device_ops", ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring"]),
+        ("model", ["linear", "mlp", "cnn"]),
+        ("data", ["ones", "synthetic", "digits", "npz"]),
+        ("executor", ["fit", "custom_loop"]),
+        ("cluster", ["local", "localhost", "tf_config", "slurm", "tpu"]),
+    ],
+)
 def test_every_option_composes_with_its_own_name(group, options):
     for option in options:
         cfg = composed(f"{group}={option}")
@@ -48,23 +54,26 @@ def test_default_config_validates():
     validate(composed())
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["train.epochs=0"], "train.epochs=0"),
-    (["train.global_batch_size=-4"], "train.global_batch_size=-4"),
-    (["train.steps_per_epoch=0"], "train.steps_per_epoch=0"),
-    (["train.optimizer.name=lbfgs"], "sgd, adam, rmsprop, adagrad"),
-    (["train.loss=hinge"], "mse"),
-    (["data.input=pandas"], "tf_data, numpy, from_function"),
-    (["strategy=mirrored", "cross_device_ops=ring"], "strategy=multi_worker_mirrored"),
-    (["strategy=multi_worker_mirrored", "cross_device_ops=hierarchical_copy"], "auto or ring or nccl"),
-    (["strategy=one_device", "cross_device_ops=nccl"], "strategy=one_device takes cross_device_ops=auto"),
-    (["strategy=parameter_server"], "cluster=local"),
-    (["strategy=tpu"], "strategy=tpu needs cluster=tpu"),
-    (["strategy=mirrored", "cluster=localhost"], "use strategy=multi_worker_mirrored or strategy=parameter_server"),
-    (["strategy=parameter_server", "cluster=localhost"], "cluster.ps=1 or more"),
-    (["data=npz", "data.path=/no/such/file.npz"], "/no/such/file.npz"),
-    (["data=digits", "data.eval_fraction=1.5"], "data.eval_fraction=1.5"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["train.epochs=0"], "train.epochs=0"),
+        (["train.global_batch_size=-4"], "train.global_batch_size=-4"),
+        (["train.steps_per_epoch=0"], "train.steps_per_epoch=0"),
+        (["train.optimizer.name=lbfgs"], "sgd, adam, rmsprop, adagrad"),
+        (["train.loss=hinge"], "mse"),
+        (["data.input=pandas"], "tf_data, numpy, from_function"),
+        (["strategy=mirrored", "cross_device_ops=ring"], "strategy=multi_worker_mirrored"),
+        (["strategy=multi_worker_mirrored", "cross_device_ops=hierarchical_copy"], "auto or ring or nccl"),
+        (["strategy=one_device", "cross_device_ops=nccl"], "strategy=one_device takes cross_device_ops=auto"),
+        (["strategy=parameter_server"], "cluster=local"),
+        (["strategy=tpu"], "strategy=tpu needs cluster=tpu"),
+        (["strategy=mirrored", "cluster=localhost"], "use strategy=multi_worker_mirrored or strategy=parameter_server"),
+        (["strategy=parameter_server", "cluster=localhost"], "cluster.ps=1 or more"),
+        (["data=npz", "data.path=/no/such/file.npz"], "/no/such/file.npz"),
+        (["data=digits", "data.eval_fraction=1.5"], "data.eval_fraction=1.5"),
+    ],
+)
 def test_validation_names_the_bad_value(overrides, needle):
     with pytest.raises(ConfigError) as err:
         validate(composed(*overrides))

@@ -6,7 +6,6 @@ import json
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -19,11 +18,11 @@ MWMS_TF_CONFIG = ["strategy=multi_worker_mirrored", "cluster=tf_config"]
 
 @dataclass
 class Row:
-    args: List[str]
+    args: list[str]
     code: int
-    needles: List[str]
-    run: Optional[str] = None  # None: no MLflow run may exist; "FAILED": one must, FAILED, with the error
-    env: Dict[str, str] = field(default_factory=dict)
+    needles: list[str]
+    run: str | None = None  # None: no MLflow run may exist; "FAILED": one must, FAILED, with the error
+    env: dict[str, str] = field(default_factory=dict)
 
 
 # {busy}: a port a test socket listens on; {free}: a port nothing listens on; {tmp}: this test's directory.
@@ -32,45 +31,129 @@ ROWS = {
     "unknown-option": Row(["strategy=mirored"], 1, ["Could not find 'strategy/mirored'", "mirrored", "central_storage"]),
     "unknown-key": Row(["train.epoch=3"], 1, ["Key 'epoch' not in 'TrainConfig'", "full_key: train.epoch"]),
     "wrong-type": Row(["train.epochs=many"], 1, ["full_key: train.epochs", "'many'"]),
-    "unknown-strategy-argument": Row(["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]),
+    "unknown-strategy-argument": Row(
+        ["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]
+    ),
     # runner/validate.py (exit 2): no TensorFlow import
     "zero-epochs": Row(["train.epochs=0"], 2, ["train.epochs=0 must be a positive integer"]),
     "negative-steps": Row(["train.steps_per_epoch=-5"], 2, ["train.steps_per_epoch=-5 must be 1 or more, or null"]),
     "zero-batch": Row(["train.global_batch_size=0"], 2, ["train.global_batch_size=0 must be a positive integer"]),
     "negative-batch": Row(["train.global_batch_size=-8"], 2, ["train.global_batch_size=-8 must be a positive integer"]),
-    "zero-learning-rate": Row(["train.optimizer.learning_rate=0"], 2, ["train.optimizer.learning_rate=0.0 must be greater than 0"]),
-    "unknown-optimizer": Row(["train.optimizer.name=adamw"], 2, ["train.optimizer.name='adamw' is not valid", "sgd, adam, rmsprop, adagrad"]),
-    "too-many-logical-cpus": Row(["devices.logical_cpus=1000"], 2, ["devices.logical_cpus=1000 is more than this machine can use", "cluster.workers=N"]),
-    "ps-without-cluster": Row(["strategy=parameter_server"], 2, ["strategy=parameter_server needs a cluster", "cluster=localhost"]),
-    "ops-not-for-strategy": Row(["strategy=mirrored", "cross_device_ops=ring"], 2, ["cross_device_ops=ring does not apply to strategy=mirrored", "hierarchical_copy"]),
+    "zero-learning-rate": Row(
+        ["train.optimizer.learning_rate=0"], 2, ["train.optimizer.learning_rate=0.0 must be greater than 0"]
+    ),
+    "unknown-optimizer": Row(
+        ["train.optimizer.name=adamw"], 2, ["train.optimizer.name='adamw' is not valid", "sgd, adam, rmsprop, adagrad"]
+    ),
+    "too-many-logical-cpus": Row(
+        ["devices.logical_cpus=1000"], 2, ["devices.logical_cpus=1000 is more than this machine can use", "cluster.workers=N"]
+    ),
+    "ps-without-cluster": Row(
+        ["strategy=parameter_server"], 2, ["strategy=parameter_server needs a cluster", "cluster=localhost"]
+    ),
+    "ops-not-for-strategy": Row(
+        ["strategy=mirrored", "cross_device_ops=ring"],
+        2,
+        ["cross_device_ops=ring does not apply to strategy=mirrored", "hierarchical_copy"],
+    ),
     "tpu-strategy-without-tpu-cluster": Row(["strategy=tpu"], 2, ["strategy=tpu needs cluster=tpu", "strategy=mirrored"]),
-    "missing-data-file": Row(["data=npz", "data.path=missing.npz"], 2, ["data.path='missing.npz': no such file", "x_train and y_train"]),
-    "eval-fraction-out-of-range": Row(["data=npz", "data.path={tmp}/good.npz", "data.eval_fraction=1.5"], 2, ["data.eval_fraction=1.5 must be between 0 and 1"]),
+    "missing-data-file": Row(
+        ["data=npz", "data.path=missing.npz"], 2, ["data.path='missing.npz': no such file", "x_train and y_train"]
+    ),
+    "eval-fraction-out-of-range": Row(
+        ["data=npz", "data.path={tmp}/good.npz", "data.eval_fraction=1.5"], 2, ["data.eval_fraction=1.5 must be between 0 and 1"]
+    ),
     "resume-missing-dir": Row(["resume=/no/such/run"], 2, ["resume='/no/such/run': no such directory", "outputs/<date>/<time>"]),
-    "tf-config-unset": Row(MWMS_TF_CONFIG, 2, ["cluster=tf_config needs the TF_CONFIG environment variable", '"task": {"type": "worker"']),
-    "tf-config-not-json": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG is not valid JSON", "{worker: oops"], env={"TF_CONFIG": "{worker: oops"}),
-    "tf-config-without-task": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG has no 'task'"], env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}"]}})}),
-    "tf-config-index-out-of-range": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG task index 2 is out of range", "valid indices are 0..1"],
-                                        env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}", "127.0.0.1:{busy}"]}, "task": {"type": "worker", "index": 2}})}),
-    "tf-config-unknown-task-type": Row(MWMS_TF_CONFIG, 2, ["TF_CONFIG task type 'chef' is not a job of its cluster", "valid types: worker"],
-                                       env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}"]}, "task": {"type": "chef", "index": 0}})}),
-    "tf-config-port-in-use": Row(MWMS_TF_CONFIG, 2, ["port {busy} is already in use", "worker:0"],
-                                 env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{busy}", "127.0.0.1:{free}"]}, "task": {"type": "worker", "index": 0}})}),
-    "tracking-server-unreachable": Row([], 2, ["MLFLOW_TRACKING_URI=http://127.0.0.1:{free} is unreachable", "Connection refused",
-                                               "mlflow.enabled=false"], env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{free}"}),
+    "tf-config-unset": Row(
+        MWMS_TF_CONFIG, 2, ["cluster=tf_config needs the TF_CONFIG environment variable", '"task": {"type": "worker"']
+    ),
+    "tf-config-not-json": Row(
+        MWMS_TF_CONFIG, 2, ["TF_CONFIG is not valid JSON", "{worker: oops"], env={"TF_CONFIG": "{worker: oops"}
+    ),
+    "tf-config-without-task": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["TF_CONFIG has no 'task'"],
+        env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}"]}})},
+    ),
+    "tf-config-index-out-of-range": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["TF_CONFIG task index 2 is out of range", "valid indices are 0..1"],
+        env={
+            "TF_CONFIG": json.dumps(
+                {"cluster": {"worker": ["127.0.0.1:{free}", "127.0.0.1:{busy}"]}, "task": {"type": "worker", "index": 2}}
+            )
+        },
+    ),
+    "tf-config-unknown-task-type": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["TF_CONFIG task type 'chef' is not a job of its cluster", "valid types: worker"],
+        env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:{free}"]}, "task": {"type": "chef", "index": 0}})},
+    ),
+    "tf-config-port-in-use": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["port {busy} is already in use", "worker:0"],
+        env={
+            "TF_CONFIG": json.dumps(
+                {"cluster": {"worker": ["127.0.0.1:{busy}", "127.0.0.1:{free}"]}, "task": {"type": "worker", "index": 0}}
+            )
+        },
+    ),
+    "tracking-server-unreachable": Row(
+        [],
+        2,
+        ["MLFLOW_TRACKING_URI=http://127.0.0.1:{free} is unreachable", "Connection refused", "mlflow.enabled=false"],
+        env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{free}"},
+    ),
     # found once TensorFlow is up (exit 2): before any step; where the run had started it is FAILED
-    "tpu-unreachable": Row(["strategy=tpu", "cluster=tpu"], 2, ["cluster=tpu could not reach a TPU at cluster.tpu='local'", "strategy=mirrored"]),
-    "tpu-unknown-address": Row(["strategy=tpu", "cluster=tpu", "cluster.tpu=grpc://127.0.0.1:{free}", "cluster.connect_timeout_sec=3"], 2,
-                               ["could not reach a TPU at cluster.tpu='grpc://127.0.0.1:{free}'", "cluster.connect_timeout_sec=3"]),
-    "nccl-without-gpu": Row(["strategy=mirrored", "cross_device_ops=nccl"], 2, ["cross_device_ops=nccl needs NVIDIA GPUs", "hierarchical_copy or reduction_to_one_device"], run="FAILED"),
-    "nccl-collectives-without-gpu": Row(["strategy=multi_worker_mirrored", "cross_device_ops=nccl"], 2, ["needs NVIDIA GPUs", "Use cross_device_ops=ring or auto"], run="FAILED"),
-    "batch-below-replicas": Row(["strategy=mirrored", "devices.logical_cpus=4", "train.global_batch_size=3"], 2,
-                                ["train.global_batch_size=3 is smaller than the 4 replicas"], run="FAILED"),
+    "tpu-unreachable": Row(
+        ["strategy=tpu", "cluster=tpu"], 2, ["cluster=tpu could not reach a TPU at cluster.tpu='local'", "strategy=mirrored"]
+    ),
+    "tpu-unknown-address": Row(
+        ["strategy=tpu", "cluster=tpu", "cluster.tpu=grpc://127.0.0.1:{free}", "cluster.connect_timeout_sec=3"],
+        2,
+        ["could not reach a TPU at cluster.tpu='grpc://127.0.0.1:{free}'", "cluster.connect_timeout_sec=3"],
+    ),
+    "nccl-without-gpu": Row(
+        ["strategy=mirrored", "cross_device_ops=nccl"],
+        2,
+        ["cross_device_ops=nccl needs NVIDIA GPUs", "hierarchical_copy or reduction_to_one_device"],
+        run="FAILED",
+    ),
+    "nccl-collectives-without-gpu": Row(
+        ["strategy=multi_worker_mirrored", "cross_device_ops=nccl"],
+        2,
+        ["needs NVIDIA GPUs", "Use cross_device_ops=ring or auto"],
+        run="FAILED",
+    ),
+    "batch-below-replicas": Row(
+        ["strategy=mirrored", "devices.logical_cpus=4", "train.global_batch_size=3"],
+        2,
+        ["train.global_batch_size=3 is smaller than the 4 replicas"],
+        run="FAILED",
+    ),
     "corrupt-data-file": Row(["data=npz", "data.path={tmp}/corrupt.npz"], 2, ["could not be read as a .npz file"], run="FAILED"),
-    "data-file-wrong-arrays": Row(["data=npz", "data.path={tmp}/good.npz", "data.x_train=features"], 2, ["has no array named features", "x_train, y_train"], run="FAILED"),
-    "model-target-missing": Row(["model._target_=no_such_module.build"], 2, ["model._target_='no_such_module.build' cannot be imported", "runner.models.mlp"], run="FAILED"),
-    "model-target-wrong-arguments": Row(["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' does not accept the model config"], run="FAILED"),
-    "model-target-not-keras": Row(["model._target_=builtins.dict"], 2, ["model._target_='builtins.dict' returned dict, not a tf_keras model"], run="FAILED"),
+    "data-file-wrong-arrays": Row(
+        ["data=npz", "data.path={tmp}/good.npz", "data.x_train=features"],
+        2,
+        ["has no array named features", "x_train, y_train"],
+        run="FAILED",
+    ),
+    "model-target-missing": Row(
+        ["model._target_=no_such_module.build"],
+        2,
+        ["model._target_='no_such_module.build' cannot be imported", "runner.models.mlp"],
+        run="FAILED",
+    ),
+    "model-target-wrong-arguments": Row(
+        ["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' does not accept the model config"], run="FAILED"
+    ),
+    "model-target-not-keras": Row(
+        ["model._target_=builtins.dict"], 2, ["model._target_='builtins.dict' returned dict, not a tf_keras model"], run="FAILED"
+    ),
 }
 # Rows of docs/reliability.md that other tests cover, and where.
 ELSEWHERE = {
@@ -102,7 +185,7 @@ def data_dir(tmp_path_factory):
     return root
 
 
-def fill(text: str, values: Dict[str, str]) -> str:
+def fill(text: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         text = text.replace("{" + key + "}", value)
     return text

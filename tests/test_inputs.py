@@ -17,33 +17,71 @@ USER = Path(__file__).parent / "user_project"
 
 CASES = {
     # the guide's own example: one Dense unit on ones, batches of 10 over 4 replicas (uneven shards)
-    "guide-fit": ["model=linear", "data=ones", "strategy=mirrored", "devices.logical_cpus=4",
-                  "train.global_batch_size=10", "train.loss=mse", "executor=fit", "train.log_every_n_steps=1"],
-    "guide-custom_loop": ["model=linear", "data=ones", "strategy=mirrored", "devices.logical_cpus=4",
-                          "train.global_batch_size=10", "train.loss=binary_crossentropy", "executor=custom_loop",
-                          "train.log_every_n_steps=1"],
+    "guide-fit": [
+        "model=linear",
+        "data=ones",
+        "strategy=mirrored",
+        "devices.logical_cpus=4",
+        "train.global_batch_size=10",
+        "train.loss=mse",
+        "executor=fit",
+        "train.log_every_n_steps=1",
+    ],
+    "guide-custom_loop": [
+        "model=linear",
+        "data=ones",
+        "strategy=mirrored",
+        "devices.logical_cpus=4",
+        "train.global_batch_size=10",
+        "train.loss=binary_crossentropy",
+        "executor=custom_loop",
+        "train.log_every_n_steps=1",
+    ],
     "numpy-fit": [*MIRRORED2, *FAST, "data.input=numpy", "executor=fit"],
     "numpy-custom_loop": [*MIRRORED2, *FAST, "data.input=numpy", "executor=custom_loop"],
     "from_function-fit": [*MIRRORED2, *FAST, "data.input=from_function", "executor=fit"],
-    "from_function-custom_loop": [*MIRRORED2, *FAST, "data.input=from_function", "executor=custom_loop",
-                                  "train.steps_per_loop=4"],
-    "digits-cnn": ["strategy=central_storage", "devices.logical_cpus=2", "model=cnn", "data=digits",
-                   "executor=custom_loop", "train.epochs=3", "train.optimizer.name=adam",
-                   "train.optimizer.learning_rate=0.01", "train.log_every_n_steps=1"],
+    "from_function-custom_loop": [
+        *MIRRORED2,
+        *FAST,
+        "data.input=from_function",
+        "executor=custom_loop",
+        "train.steps_per_loop=4",
+    ],
+    "digits-cnn": [
+        "strategy=central_storage",
+        "devices.logical_cpus=2",
+        "model=cnn",
+        "data=digits",
+        "executor=custom_loop",
+        "train.epochs=3",
+        "train.optimizer.name=adam",
+        "train.optimizer.learning_rate=0.01",
+        "train.log_every_n_steps=1",
+    ],
     # float16 compute with loss scaling (a GPU feature; on CPU it must still train correctly)
     "mixed-fit": [*FAST, "train.mixed_precision=true", "executor=fit"],
     "mixed-custom_loop": [*FAST, "train.mixed_precision=true", "executor=custom_loop"],
     "user-model": [*MIRRORED2, *FAST, "model=tiny", f"hydra.searchpath=[file://{USER / 'conf'}]"],
     # a user layer with Python `if` on a tensor: the runner's steps must leave AutoGraph on for user code
-    **{f"user-branchy-{executor}": [*MIRRORED2, *FAST, "model=branchy", f"executor={executor}",
-                                    f"hydra.searchpath=[file://{USER / 'conf'}]"] for executor in ("fit", "custom_loop")},
+    **{
+        f"user-branchy-{executor}": [
+            *MIRRORED2,
+            *FAST,
+            "model=branchy",
+            f"executor={executor}",
+            f"hydra.searchpath=[file://{USER / 'conf'}]",
+        ]
+        for executor in ("fit", "custom_loop")
+    },
 }
 
 
 @pytest.fixture(scope="module")
 def results(runner):
-    done = runner.many({name: [*args, f"mlflow.experiment_name={EXPERIMENT}"] for name, args in CASES.items()},
-                       env_extra={"PYTHONPATH": str(USER)})
+    done = runner.many(
+        {name: [*args, f"mlflow.experiment_name={EXPERIMENT}"] for name, args in CASES.items()},
+        env_extra={"PYTHONPATH": str(USER)},
+    )
     for name, result in done.items():
         assert result.returncode == 0, f"{name} failed:\n{result.output[-3000:]}"
     return done
@@ -71,8 +109,12 @@ def test_guide_example_runs_uneven_batches_on_four_replicas(results, runner):
         # Every example is the same (ones), so each shard's mean loss is the batch's loss, whatever its size:
         # a shard loss derived from the replica's share of the global loss (x replicas) would be off by 3/2.5 or 2/2.5.
         client = mlflow_run_by_name(runner.uri, EXPERIMENT, name)[0]
-        shards = np.array([[m.value for m in sorted(client.get_metric_history(run.info.run_id, f"loss/replica_{i}"),
-                                                    key=lambda m: m.step)] for i in range(4)])
+        shards = np.array(
+            [
+                [m.value for m in sorted(client.get_metric_history(run.info.run_id, f"loss/replica_{i}"), key=lambda m: m.step)]
+                for i in range(4)
+            ]
+        )
         np.testing.assert_allclose(shards, np.broadcast_to(shards[0], shards.shape), rtol=1e-5)
 
 
@@ -98,12 +140,19 @@ def test_user_model_from_user_config_dir(results, runner):
 def test_plain_install_ships_conf_and_runs_from_any_directory(tmp_path):
     """A non-editable install (no source tree on the path) still finds its config through pkg://runner.conf."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(ROOT)],
+        check=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_runner(["--cfg", "job", "strategy=central_storage", "model=cnn"], cwd=elsewhere,
-                        run_dir=elsewhere / "out", env_extra={"PYTHONPATH": str(target)})
+    result = run_runner(
+        ["--cfg", "job", "strategy=central_storage", "model=cnn"],
+        cwd=elsewhere,
+        run_dir=elsewhere / "out",
+        env_extra={"PYTHONPATH": str(target)},
+    )
     assert result.returncode == 0, result.output
     assert "name: central_storage" in result.stdout
     assert "_target_: runner.models.cnn" in result.stdout

@@ -12,8 +12,15 @@ from helpers import LiveRun, run_runner
 pytestmark = pytest.mark.slow  # end to end: kills and resumes a real `python -m runner`
 
 # A custom loop with a loss every 5 steps and MLflow's flush far away (30 s): a kill lands before any delivery.
-ARGS = ["executor=custom_loop", "train.epochs=1", "train.steps_per_epoch=6000", "train.log_every_n_steps=5",
-        "data.num_examples=2048", "checkpoint.every_n_steps=200", "mlflow.experiment_name=journal"]
+ARGS = [
+    "executor=custom_loop",
+    "train.epochs=1",
+    "train.steps_per_epoch=6000",
+    "train.log_every_n_steps=5",
+    "data.num_examples=2048",
+    "checkpoint.every_n_steps=200",
+    "mlflow.experiment_name=journal",
+]
 
 
 def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_history(runner):
@@ -23,7 +30,9 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
 
     run_dir = runner.root / "runs" / "journal-kill9"
     live = LiveRun([*ARGS, "mlflow.run_name=journal-kill9"], runner.root, run_dir, runner.uri)
-    live.wait_for(lambda line: re.search(r"step (\d+)/6000", line) and int(re.search(r"step (\d+)/6000", line).group(1)) >= 300, 180)
+    live.wait_for(
+        lambda line: re.search(r"step (\d+)/6000", line) and int(re.search(r"step (\d+)/6000", line).group(1)) >= 300, 180
+    )
     before = max(int(m.group(1)) for line in live.lines if (m := re.search(r"step (\d+)/6000", line)))
     time.sleep(1.2)  # the journal is written every second: everything up to `before` must be in it
     live.proc.send_signal(signal.SIGKILL)
@@ -41,6 +50,9 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(run_id, "loss")]
-    assert sorted(steps) == list(range(5, 6001, 5)), ("every logged step once: no gap, no step twice",
-                                                      sorted(set(range(5, 6001, 5)) ^ set(steps))[:20], resumed.output[-3000:])
+    assert sorted(steps) == list(range(5, 6001, 5)), (
+        "every logged step once: no gap, no step twice",
+        sorted(set(range(5, 6001, 5)) ^ set(steps))[:20],
+        resumed.output[-3000:],
+    )
     assert not (run_dir / "mlflow_journal.jsonl").exists()  # a run that ended with everything delivered keeps none

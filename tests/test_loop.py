@@ -41,8 +41,13 @@ def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None)
     job = SimpleNamespace(
         data=SimpleNamespace(steps_per_epoch=spe, global_batch_size=8),
         train=SimpleNamespace(epochs=epochs, log_every_n_steps=every, optimizer=SimpleNamespace(learning_rate=0.1)),
-        reporter=Reporter(), checkpoints=checkpoints, checkpoint_every=checkpoint_every,
-        parameter_server=True, multi_worker=False, cluster=None, strategy=None,  # StopGuard: no TF handler
+        reporter=Reporter(),
+        checkpoints=checkpoints,
+        checkpoint_every=checkpoint_every,
+        parameter_server=True,
+        multi_worker=False,
+        cluster=None,
+        strategy=None,  # StopGuard: no TF handler
     )
     job.restore = lambda: checkpoints.restore() if checkpoints else 0
     return job

@@ -58,8 +58,8 @@ def key(tokens):
 def _runner_args(tokens):
     """The arguments after `python -m runner` (None when the command is not the runner's)."""
     for i in range(len(tokens) - 2):
-        if tokens[i].endswith("python") and tokens[i + 1:i + 3] == ["-m", "runner"]:
-            return tokens[i + 3:]
+        if tokens[i].endswith("python") and tokens[i + 1 : i + 3] == ["-m", "runner"]:
+            return tokens[i + 3 :]
     return None
 
 
@@ -72,12 +72,16 @@ def kind_of(tokens):
     if "&&" in tokens:
         last = _setup_steps(tokens)[-1]
         if last[-3:-1] == ["-m", "pytest"] or last[1:3] == ["-m", "pytest"]:
-            return "setup-tests", ("the suite's own command: .ci/run runs it on a clean clone (checked below); running it "
-                                   "from inside the suite would recurse")
+            return "setup-tests", (
+                "the suite's own command: .ci/run runs it on a clean clone (checked below); running it "
+                "from inside the suite would recurse"
+            )
         return "setup", None
     if tokens[1:3] == ["-m", "pytest"]:
-        return "fast-tests", ("the fast tier: every test it selects is also in the suite's own command, which runs them all; "
-                              "running it from inside the suite would run them twice")
+        return "fast-tests", (
+            "the fast tier: every test it selects is also in the suite's own command, which runs them all; "
+            "running it from inside the suite would run them twice"
+        )
     if tokens[0] == "srun":
         return "slurm", "needs a Slurm cluster (srun); none is installed here (issue 18 brings a real one to the tests)"
     if tokens[:3] == ["python", "-m", "runner.dashboard"]:
@@ -232,8 +236,11 @@ def run_user_config(scratch, tokens):
     env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
     argv = [t for t in tokens if not re.match(r"^[A-Z_]+=", t)]
     run_dir = scratch.dir("user-model")
-    proc = scratch.run([*_python(argv), *TINY, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={scratch.uri}"],
-                       cwd=project, env_extra={k: str(project) if v == "." else v for k, v in env.items()})
+    proc = scratch.run(
+        [*_python(argv), *TINY, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={scratch.uri}"],
+        cwd=project,
+        env_extra={k: str(project) if v == "." else v for k, v in env.items()},
+    )
     return proc, run_dir
 
 
@@ -309,12 +316,14 @@ def check_sweep(scratch, args, result):
     _ok(proc)
     parents = scratch.client.search_runs(
         [e.experiment_id for e in scratch.client.search_experiments()],
-        filter_string=f"tags.`sweep.dir` = '{os.path.abspath(sweep_dir)}'")
+        filter_string=f"tags.`sweep.dir` = '{os.path.abspath(sweep_dir)}'",
+    )
     assert len(parents) == 1, f"one parent run per sweep, found {len(parents)}"  # no job became a sweep of its own
     parent = parents[0]
     assert parent.info.status == "FINISHED"
-    children = scratch.client.search_runs([parent.info.experiment_id],
-                                          filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = scratch.client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
     assert len(children) == expected_jobs(args) == int(parent.data.tags["sweep.jobs"])
     assert all(c.info.status == "FINISHED" for c in children)
     for name in ("report.csv", "report.md", "throughput.png", "loss_curves.png", "scaling_efficiency.png"):
@@ -346,7 +355,7 @@ def check_tpu(scratch, args, proc):
     """README: without a TPU the runner stops in seconds, with an error saying what to use instead."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
-    error = proc.stderr[proc.stderr.index("Error:"):]
+    error = proc.stderr[proc.stderr.index("Error:") :]
     assert "cluster.tpu" in error and "strategy=mirrored" in error
     assert proc.seconds < 60
 
@@ -361,8 +370,15 @@ def run_dashboard(scratch, tokens):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([*_python(tokens), "--port", str(port)], cwd=scratch.root, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*_python(tokens), "--port", str(port)],
+        cwd=scratch.root,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line, deadline = "", time.monotonic() + 90
         while "http://" not in line and time.monotonic() < deadline:
@@ -427,11 +443,17 @@ def check_benchmark(scratch, args, result):
         text = out.read_text()
         sections = ["Runner vs hand-written"]
         if "--sections" not in args:  # the whole run: every section, and its figures in MLflow
-            sections += ["MLflow logging on vs off", "Steps per tf.function call", "Input pipeline",
-                         "`python -m runner --cfg job`", "Machine:"]
+            sections += [
+                "MLflow logging on vs off",
+                "Steps per tf.function call",
+                "Input pipeline",
+                "`python -m runner --cfg job`",
+                "Machine:",
+            ]
             runs = scratch.client.search_runs([scratch.client.get_experiment_by_name("benchmarks").experiment_id])
-            assert any(r.data.metrics.get("ratio/default/fit", 0) > 0 and r.data.metrics.get("wall/cfg_job_sec", 0) > 0
-                       for r in runs)
+            assert any(
+                r.data.metrics.get("ratio/default/fit", 0) > 0 and r.data.metrics.get("wall/cfg_job_sec", 0) > 0 for r in runs
+            )
         for section in sections:
             assert section in text, f"{section!r} missing from {out}"
         if "--strategies" in args:
@@ -449,17 +471,34 @@ def check_gpu_benchmark(scratch, args, proc):
 
 RUNNERS = {
     "setup": lambda s, t: run_training(s, _setup_steps(t)[-1]),
-    "train": run_training, "user-config": run_user_config, "cluster": run_cluster, "sweep": run_sweep,
-    "cfg": run_cfg, "help": run_cfg, "tpu": run_tpu, "dashboard": run_dashboard,
-    "benchmark-run": run_benchmark, "benchmark-loop": run_benchmark, "benchmark-wall": run_benchmark,
+    "train": run_training,
+    "user-config": run_user_config,
+    "cluster": run_cluster,
+    "sweep": run_sweep,
+    "cfg": run_cfg,
+    "help": run_cfg,
+    "tpu": run_tpu,
+    "dashboard": run_dashboard,
+    "benchmark-run": run_benchmark,
+    "benchmark-loop": run_benchmark,
+    "benchmark-wall": run_benchmark,
     "gpu-benchmark": lambda s, t: s.run(_python(t), cwd=ROOT, timeout=120),
 }
 DEPENDENT = {"resume": run_resume, "deliver": run_deliver}
 CHECKS = {
     "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
-    "train": check_training, "user-config": check_training, "cluster": check_cluster, "resume": check_resume,
-    "sweep": check_sweep, "cfg": check_cfg, "help": check_help, "tpu": check_tpu, "dashboard": check_dashboard,
-    "deliver": check_deliver, "benchmark-run": check_benchmark, "benchmark-loop": check_benchmark,
+    "train": check_training,
+    "user-config": check_training,
+    "cluster": check_cluster,
+    "resume": check_resume,
+    "sweep": check_sweep,
+    "cfg": check_cfg,
+    "help": check_help,
+    "tpu": check_tpu,
+    "dashboard": check_dashboard,
+    "deliver": check_deliver,
+    "benchmark-run": check_benchmark,
+    "benchmark-loop": check_benchmark,
     "benchmark-wall": check_benchmark,
     "gpu-benchmark": check_gpu_benchmark,
 }

@@ -40,8 +40,11 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_good_checkpoint(runne
         name = f"nan-{executor}"
         result = results[name]
         assert result.returncode == 4, result.output[-3000:]
-        found = re.search(r"the training loss became (inf|nan) by step (\d+); training stopped\. The last good checkpoint "
-                          r"\(step (\d+)\) is kept in (\S+)\. Lower train\.optimizer\.learning_rate \(now 2\)", result.stderr)
+        found = re.search(
+            r"the training loss became (inf|nan) by step (\d+); training stopped\. The last good checkpoint "
+            r"\(step (\d+)\) is kept in (\S+)\. Lower train\.optimizer\.learning_rate \(now 2\)",
+            result.stderr,
+        )
         assert found, result.stderr[-2000:]
         bad_step, good_step = int(found.group(2)), int(found.group(3))
         assert 0 < good_step < bad_step
@@ -64,9 +67,15 @@ def checkpoint_finite(prefix) -> bool:
 
 def _interrupt(runner, name, args, signum):
     """Start a long run, signal it once it has logged a few hundred steps; returns (exit code, output, last step seen)."""
-    live = LiveRun([*args, f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"], runner.root,
-                   runner.root / "runs" / name, runner.uri)
-    line = live.wait_for(lambda line: re.search(r"epoch ([4-9]|\d\d+)/400 step \d+/64", line) or re.search(r"^Epoch ([4-9]|\d\d+)/400", line), 120)
+    live = LiveRun(
+        [*args, f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"],
+        runner.root,
+        runner.root / "runs" / name,
+        runner.uri,
+    )
+    line = live.wait_for(
+        lambda line: re.search(r"epoch ([4-9]|\d\d+)/400 step \d+/64", line) or re.search(r"^Epoch ([4-9]|\d\d+)/400", line), 120
+    )
     epoch = int(re.search(r"[Ee]poch (\d+)/400", line).group(1))
     # the step of the line that was seen (not the largest step number of any epoch's lines so far)
     seen = re.search(r"step (\d+)/64", line)
@@ -91,8 +100,12 @@ def test_sigterm_checkpoints_at_once_and_the_rerun_resumes_there(runner, executo
     assert run.info.status == "KILLED" and run.data.tags["stopped_by"] == "SIGTERM"
     # The rerun starts at that very step (inside an epoch, for fit too) and finishes the same MLflow run.
     epochs = step // 64 + 1
-    result = run_runner([*LONG, f"executor={executor}", f"train.epochs={epochs}", f"resume={run_dir}"], cwd=runner.root,
-                        run_dir=run_dir, tracking_uri=runner.uri)
+    result = run_runner(
+        [*LONG, f"executor={executor}", f"train.epochs={epochs}", f"resume={run_dir}"],
+        cwd=runner.root,
+        run_dir=run_dir,
+        tracking_uri=runner.uri,
+    )
     assert result.returncode == 0, result.output[-3000:]
     assert f"resumed from checkpoint at step {step} " in result.output
     assert f"done: {epochs * 64} steps" in result.output
@@ -115,19 +128,35 @@ def test_ctrl_c_checkpoints_and_marks_the_run_killed(runner):
 
 def test_a_preempted_worker_makes_the_cluster_checkpoint_together(runner):
     """SIGTERM to worker:1 only: TensorFlow's PreemptionCheckpointHandler has both workers save at the same step."""
-    args = ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring",
-            "executor=fit", "train.epochs=400", "train.log_every_n_steps=32", f"mlflow.experiment_name={EXPERIMENT}",
-            "mlflow.run_name=preempted-worker"]
+    args = [
+        "strategy=multi_worker_mirrored",
+        "cluster=localhost",
+        "cluster.workers=2",
+        "cross_device_ops=ring",
+        "executor=fit",
+        "train.epochs=400",
+        "train.log_every_n_steps=32",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=preempted-worker",
+    ]
     live = LiveRun(args, runner.root, runner.root / "runs" / "preempted-worker", runner.uri)
     pid = int(live.wait_for(lambda line: "started worker:1 (pid" in line, 60).split("pid ")[1].split(")")[0])
     live.wait_for(lambda line: re.search(r"\[worker:1\] .*[Ee]poch 3/400", line), 180)  # a log line (not a terminal)
     os.kill(pid, signal.SIGTERM)
     code, output = live.finish(timeout=120)
     assert code == 143, output[-3000:]
-    saved = {m.group(1): int(m.group(2)) for m in re.finditer(r"\[(worker:\d)\] Stopped: training stopped by SIGTERM at step "
-                                                               r"\d+: checkpoint written at step (\d+)", output)}
+    saved = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(
+            r"\[(worker:\d)\] Stopped: training stopped by SIGTERM at step "
+            r"\d+: checkpoint written at step (\d+)",
+            output,
+        )
+    }
     assert set(saved) == {"worker:0", "worker:1"} and saved["worker:0"] == saved["worker:1"], output[-3000:]
-    assert "SIGTERM received" not in "".join(line for line in output.splitlines(True) if line.startswith("[worker:0]"))  # it was told by its peer
+    assert "SIGTERM received" not in "".join(
+        line for line in output.splitlines(True) if line.startswith("[worker:0]")
+    )  # it was told by its peer
     assert "task worker:1 was preempted (SIGTERM)" in output and f"the latest checkpoint is step {saved['worker:0']}" in output
     assert checkpoint_steps(runner.root / "runs" / "preempted-worker" / "checkpoints")[-1] == saved["worker:0"]
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "preempted-worker")
@@ -142,8 +171,14 @@ def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow
     """The server is killed while training runs and started again later: training goes on, every metric point is
     delivered, and the run ends FINISHED. A second run whose server stays down saves an outbox that
     `python -m runner.deliver` sends once the server is back."""
-    args = ["executor=custom_loop", "train.epochs=200", "train.log_every_n_steps=8", "mlflow.flush_every_sec=1",
-            f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=server-outage"]
+    args = [
+        "executor=custom_loop",
+        "train.epochs=200",
+        "train.log_every_n_steps=8",
+        "mlflow.flush_every_sec=1",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=server-outage",
+    ]
     live = LiveRun(args, tmp_path, tmp_path / "outage", mlflow_server.uri)
     live.wait_for(lambda line: "epoch 2/200" in line, 120)
     time.sleep(1.5)  # a first flush has reached the server
@@ -161,8 +196,15 @@ def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow
     assert steps == expected  # every point, once
 
     # The server is down at the end and stays down past mlflow.delivery_timeout_sec: an outbox keeps the rest.
-    args = ["model=linear", "data=ones", "train.epochs=30", "train.log_every_n_steps=1", "mlflow.delivery_timeout_sec=2",
-            f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=server-gone"]
+    args = [
+        "model=linear",
+        "data=ones",
+        "train.epochs=30",
+        "train.log_every_n_steps=1",
+        "mlflow.delivery_timeout_sec=2",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=server-gone",
+    ]
     live = LiveRun(args, tmp_path, tmp_path / "gone", mlflow_server.uri)
     live.wait_for(lambda line: "training with" in line, 60)
     mlflow_server.stop()
@@ -171,8 +213,13 @@ def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow
     assert "python -m runner.deliver" in output and (tmp_path / "gone" / "mlflow_outbox.jsonl").exists()
     mlflow_server.start()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    sent = subprocess.run([sys.executable, "-m", "runner.deliver", str(tmp_path / "gone"), "--tracking-uri", mlflow_server.uri],
-                          env=env, capture_output=True, text=True, timeout=120)
+    sent = subprocess.run(
+        [sys.executable, "-m", "runner.deliver", str(tmp_path / "gone"), "--tracking-uri", mlflow_server.uri],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sent.returncode == 0, sent.stdout + sent.stderr
     client, run = _server_run(mlflow_server.uri, "server-gone")
     assert run.info.status == "FINISHED"
@@ -191,10 +238,25 @@ def _server_run(uri, name):
 
 def test_a_parallel_sweep_of_20_jobs_loses_nothing_on_one_server(mlflow_server, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    argv = [sys.executable, "-m", "runner", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4", "train.seed=range(20)",
-            "model=linear", "data=ones", "train.epochs=12", "train.log_every_n_steps=1", "checkpoint.enabled=false",
-            "save_model=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", f"mlflow.tracking_uri={mlflow_server.uri}",
-            f"mlflow.experiment_name={EXPERIMENT}-load", "mlflow.run_name=load"]
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=4",
+        "train.seed=range(20)",
+        "model=linear",
+        "data=ones",
+        "train.epochs=12",
+        "train.log_every_n_steps=1",
+        "checkpoint.enabled=false",
+        "save_model=false",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"mlflow.tracking_uri={mlflow_server.uri}",
+        f"mlflow.experiment_name={EXPERIMENT}-load",
+        "mlflow.run_name=load",
+    ]
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     from mlflow import MlflowClient
@@ -207,7 +269,9 @@ def test_a_parallel_sweep_of_20_jobs_loses_nothing_on_one_server(mlflow_server, 
     assert sorted(int(c.data.params["train.seed"]) for c in children) == list(range(20))
     assert all(c.info.status == "FINISHED" for c in children)
     with ThreadPoolExecutor(8) as pool:
-        histories = list(pool.map(lambda c: [m.step for m in history(mlflow_server.uri, c.info.run_id, "loss/replica_0")], children))
+        histories = list(
+            pool.map(lambda c: [m.step for m in history(mlflow_server.uri, c.info.run_id, "loss/replica_0")], children)
+        )
     assert all(h == list(range(1, 13)) for h in histories), histories  # 20 x 12 points, none lost or doubled
 
 
@@ -216,13 +280,25 @@ def test_secrets_stay_out_of_logs_params_and_tags(mlflow_server, tmp_path):
     uri = mlflow_server.uri.replace("http://", "http://alice:url-6d5e4f@")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(secrets, MLFLOW_TRACKING_USERNAME="alice", PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "runner", "model=linear", "data=ones", "train.epochs=2", f"mlflow.tracking_uri={uri}",
-            f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=secrets", f"checkpoint.dir={tmp_path}/ckpt-${{oc.env:MY_API_TOKEN}}",
-            f"hydra.run.dir={tmp_path / 'run'}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "model=linear",
+        "data=ones",
+        "train.epochs=2",
+        f"mlflow.tracking_uri={uri}",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=secrets",
+        f"checkpoint.dir={tmp_path}/ckpt-${{oc.env:MY_API_TOKEN}}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client, run = _server_run(mlflow_server.uri, "secrets")
-    logged = "\n".join([proc.stdout, proc.stderr, *run.data.params.values(), *run.data.tags.values(), *run.data.params, *run.data.tags])
+    logged = "\n".join(
+        [proc.stdout, proc.stderr, *run.data.params.values(), *run.data.tags.values(), *run.data.params, *run.data.tags]
+    )
     for secret in [*secrets.values(), "url-6d5e4f"]:
         assert secret not in logged, secret
     assert "alice:***@127.0.0.1" in proc.stdout + proc.stderr  # the URI is shown, its password is not

@@ -16,8 +16,14 @@ from helpers import LiveRun, mlflow_run_by_name, run_runner
 
 pytestmark = pytest.mark.slow  # end to end: kills real `python -m runner` launchers and their tasks
 
-TINY = ["data.num_examples=256", "data.eval_examples=64", "train.global_batch_size=32", "train.epochs=1",
-        "train.steps_per_epoch=4", "save_model=false"]
+TINY = [
+    "data.num_examples=256",
+    "data.eval_examples=64",
+    "train.global_batch_size=32",
+    "train.epochs=1",
+    "train.steps_per_epoch=4",
+    "save_model=false",
+]
 EXPERIMENT = "stranding"
 
 
@@ -46,9 +52,22 @@ def killed_launcher(store):
     """A cluster=localhost launcher killed with SIGKILL once a worker trains; (run dir, seconds to no leftovers)."""
     root, uri = store
     run_dir = root / "killed"
-    live = LiveRun(["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "executor=custom_loop",
-                    "train.epochs=50", *TINY[:3], "train.log_every_n_steps=1", f"mlflow.experiment_name={EXPERIMENT}",
-                    "mlflow.run_name=killed"], root, run_dir, uri)
+    live = LiveRun(
+        [
+            "strategy=multi_worker_mirrored",
+            "cluster=localhost",
+            "cluster.workers=2",
+            "executor=custom_loop",
+            "train.epochs=50",
+            *TINY[:3],
+            "train.log_every_n_steps=1",
+            f"mlflow.experiment_name={EXPERIMENT}",
+            "mlflow.run_name=killed",
+        ],
+        root,
+        run_dir,
+        uri,
+    )
     pid = int(live.wait_for(lambda line: "started worker:0 (pid" in line, 60).split("(pid ")[1].split(")")[0])
     with open(f"/proc/{pid}/environ", "rb") as f:
         marker = next(e for e in f.read().split(b"\0") if e.startswith(b"RUNNER_LAUNCH_ID="))
@@ -75,8 +94,18 @@ def test_kill_9_of_the_launcher_takes_every_task_with_it(killed_launcher):
 def checkpointed(store, killed_launcher):
     """The next run in the same store (after the killed launcher): a custom loop with checkpoints at steps 2 and 4."""
     root, uri = store
-    result = run_runner([*TINY, "executor=custom_loop", "checkpoint.every_n_steps=2", f"mlflow.experiment_name={EXPERIMENT}",
-                         "mlflow.run_name=checkpointed"], cwd=root, run_dir=root / "checkpointed", tracking_uri=uri)
+    result = run_runner(
+        [
+            *TINY,
+            "executor=custom_loop",
+            "checkpoint.every_n_steps=2",
+            f"mlflow.experiment_name={EXPERIMENT}",
+            "mlflow.run_name=checkpointed",
+        ],
+        cwd=root,
+        run_dir=root / "checkpointed",
+        tracking_uri=uri,
+    )
     assert result.returncode == 0, result.output[-3000:]
     return result
 
@@ -96,8 +125,12 @@ def test_a_truncated_checkpoint_falls_back_to_the_previous_one_and_a_finished_ru
     data = next(ckpts.glob("ckpt-4.data-*"))
     with open(data, "r+b") as f:
         f.truncate(data.stat().st_size // 2)
-    again = run_runner([*TINY, "executor=custom_loop", "checkpoint.every_n_steps=2", "train.epochs=2",
-                        f"resume={checkpointed.run_dir}"], cwd=root, run_dir=root / "checkpointed-again", tracking_uri=uri)
+    again = run_runner(
+        [*TINY, "executor=custom_loop", "checkpoint.every_n_steps=2", "train.epochs=2", f"resume={checkpointed.run_dir}"],
+        cwd=root,
+        run_dir=root / "checkpointed-again",
+        tracking_uri=uri,
+    )
     assert again.returncode == 0, again.output[-3000:]
     assert "could not be read: ckpt-4" in again.output and "resuming from the previous good one, ckpt-2" in again.output
     assert "resumed from checkpoint at step 2 " in again.output
@@ -106,8 +139,12 @@ def test_a_truncated_checkpoint_falls_back_to_the_previous_one_and_a_finished_ru
     assert run.info.status == "FINISHED"
     assert max(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == 8
     # FINISHED with all its train.epochs=2: nothing left to continue
-    done = run_runner([*TINY, "executor=custom_loop", "train.epochs=2", f"resume={checkpointed.run_dir}"], cwd=root,
-                      run_dir=root / "checkpointed-done", tracking_uri=uri)
+    done = run_runner(
+        [*TINY, "executor=custom_loop", "train.epochs=2", f"resume={checkpointed.run_dir}"],
+        cwd=root,
+        run_dir=root / "checkpointed-done",
+        tracking_uri=uri,
+    )
     assert done.returncode == 2, done.output[-3000:]
     assert "is FINISHED" in done.stderr and run.info.run_id in done.stderr and "Traceback" not in done.output
 
@@ -116,8 +153,12 @@ def test_four_runs_started_together_on_a_fresh_store_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
     def one(i):
-        return run_runner([*TINY, f"train.seed={i}", f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name=together-{i}"],
-                          cwd=tmp_path, run_dir=tmp_path / f"run-{i}", tracking_uri=uri)
+        return run_runner(
+            [*TINY, f"train.seed={i}", f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name=together-{i}"],
+            cwd=tmp_path,
+            run_dir=tmp_path / f"run-{i}",
+            tracking_uri=uri,
+        )
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(one, range(4)))
@@ -153,8 +194,14 @@ def test_resume_of_a_directory_the_runner_did_not_write_changes_nothing_there(tm
     (mine / "notes.txt").write_text("mine\n")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "runner", f"resume={mine}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", f"resume={mine}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "is not an output directory of the runner" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # Hydra's .hydra/ and runner.log removed again

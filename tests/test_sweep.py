@@ -20,8 +20,17 @@ EXPERIMENT = "sweeps"
 def sweep(runner, name, args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     sweep_dir = runner.root / "sweeps" / name
-    argv = [sys.executable, "-m", "runner", "-m", *args, f"hydra.sweep.dir={sweep_dir}",
-            f"mlflow.tracking_uri={runner.uri}", f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "-m",
+        *args,
+        f"hydra.sweep.dir={sweep_dir}",
+        f"mlflow.tracking_uri={runner.uri}",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        f"mlflow.run_name={name}",
+    ]
     proc = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=timeout)
     return proc, sweep_dir
 
@@ -38,8 +47,9 @@ def family(runner, name):
 
 @pytest.fixture(scope="module")
 def grid(runner):
-    proc, sweep_dir = sweep(runner, "grid", ["strategy=one_device,mirrored", "executor=fit,custom_loop",
-                                             "devices.logical_cpus=2", *FAST])
+    proc, sweep_dir = sweep(
+        runner, "grid", ["strategy=one_device,mirrored", "executor=fit,custom_loop", "devices.logical_cpus=2", *FAST]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, sweep_dir
 
@@ -53,7 +63,11 @@ def test_sweep_nests_one_child_run_per_job(grid, runner):
     assert [c.data.tags["sweep.job_num"] for c in children] == ["0", "1", "2", "3"]
     assert all(c.info.status == "FINISHED" for c in children)
     assert [(c.data.params["strategy.name"], c.data.params["executor.name"]) for c in children] == [
-        ("one_device", "fit"), ("one_device", "custom_loop"), ("mirrored", "fit"), ("mirrored", "custom_loop")]
+        ("one_device", "fit"),
+        ("one_device", "custom_loop"),
+        ("mirrored", "fit"),
+        ("mirrored", "custom_loop"),
+    ]
     assert "strategy=mirrored" in children[2].data.tags["overrides"]
     for n in range(4):
         assert f"job #{n} ({n + 1} of 4)" in proc.stdout  # which job of how many is running
@@ -83,8 +97,11 @@ def test_report_numbers_equal_the_child_runs(grid, runner):
 
 @pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
-    proc, sweep_dir = sweep(runner, "failing", ["strategy=mirrored,parameter_server", "cross_device_ops=auto,nccl",
-                                                "data.num_examples=256", "train.epochs=1"])
+    proc, sweep_dir = sweep(
+        runner,
+        "failing",
+        ["strategy=mirrored,parameter_server", "cross_device_ops=auto,nccl", "data.num_examples=256", "train.epochs=1"],
+    )
     assert proc.returncode == 1
     assert "3 of the sweep's jobs failed: #1" in proc.stderr and "#2" in proc.stderr and "#3" in proc.stderr
     _, parent, children = family(runner, "failing")
@@ -99,8 +116,11 @@ def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
 
 @pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_joblib_launcher_runs_jobs_in_parallel_processes(runner):
-    proc, _ = sweep(runner, "joblib", ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                                       "strategy=one_device,mirrored", "devices.logical_cpus=2", *FAST])
+    proc, _ = sweep(
+        runner,
+        "joblib",
+        ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=one_device,mirrored", "devices.logical_cpus=2", *FAST],
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
     _, parent, children = family(runner, "joblib")
@@ -121,7 +141,12 @@ def test_experiment_presets_compose():
     assert guide.train.global_batch_size == 10 and guide.train.loss == "mse" and guide.strategy.name == "mirrored"
     assert loop.executor.name == "custom_loop" and loop.train.loss == "binary_crossentropy"
     assert sweep_cfg.hydra.sweeper.params.strategy.split(",") == [
-        "default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored"]
+        "default",
+        "one_device",
+        "mirrored",
+        "central_storage",
+        "multi_worker_mirrored",
+    ]
 
 
 def _free_port():
@@ -141,7 +166,7 @@ def listening_addresses(port):
                 local, state = line.split()[1], line.split()[3]
                 address, hex_port = local.rsplit(":", 1)
                 if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                    found.add(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address)
+                    found.add(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address)
     return found
 
 
@@ -154,9 +179,14 @@ def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
 
     client, parent, children = family(runner, "grid")
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "runner.dashboard", "--tracking-uri", runner.uri, "--port", str(port)],
-                              cwd=runner.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "runner.dashboard", "--tracking-uri", runner.uri, "--port", str(port)],
+        cwd=runner.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -171,9 +201,17 @@ def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
         assert listening_addresses(port) == {"127.0.0.1"}  # this machine only, by default
         exp_id = parent.info.experiment_id
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                "--no-first-run", "--disable-sync"])
+            browser = p.chromium.launch(
+                executable_path=chromium,
+                args=[
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--no-first-run",
+                    "--disable-sync",
+                ],
+            )
             page = browser.new_page()
             page.goto(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning")
             # The experiment page lists the sweep's parent run; expanding it shows every job's run.

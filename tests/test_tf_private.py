@@ -4,7 +4,10 @@ loudly here, instead of the runner going quietly slower (or resuming fit at an e
 
 import os
 
+import pytest
+
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
+pytestmark = pytest.mark.slow  # imports TensorFlow in process (seconds)
 
 
 def test_call_flat_fast_path_exists_and_gives_the_public_calls_results():
@@ -63,8 +66,10 @@ def test_model_fit_still_asks_the_resume_hook_where_to_start():
     model.resume_step = 7  # epoch 1 (of 5 steps each), its third step
     model.compile(optimizer="sgd", loss="mse")
     batches = []
-    recorder = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batches.append(batch),
-                                                 on_epoch_begin=lambda epoch, logs: batches.append(f"epoch {epoch}"))
+    recorder = tf_keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batches.append(batch),
+        on_epoch_begin=lambda epoch, logs: batches.append(f"epoch {epoch}"),
+    )
     x = np.ones((10, 2), np.float32)
     model.fit(x, x[:, :1], batch_size=2, epochs=2, steps_per_epoch=5, verbose=0, callbacks=[recorder])
     assert batches == ["epoch 1", 2, 3, 4]

@@ -28,9 +28,16 @@ def test_logged_times_match_the_process_clock(executor, store, tmp_path):
     from mlflow import MlflowClient
 
     root, uri = store
-    args = [f"executor={executor}", "train.epochs=1", f"train.steps_per_epoch={STEPS}", f"train.global_batch_size={BATCH}",
-            f"data.num_examples={STEPS * BATCH}", "checkpoint.enabled=false", "mlflow.experiment_name=timing",
-            f"mlflow.run_name=timing-{executor}"]
+    args = [
+        f"executor={executor}",
+        "train.epochs=1",
+        f"train.steps_per_epoch={STEPS}",
+        f"train.global_batch_size={BATCH}",
+        f"data.num_examples={STEPS * BATCH}",
+        "checkpoint.enabled=false",
+        "mlflow.experiment_name=timing",
+        f"mlflow.run_name=timing-{executor}",
+    ]
     began = time.monotonic()
     result = run_runner(args, cwd=root, run_dir=tmp_path / "run", tracking_uri=uri)
     wall = time.monotonic() - began
@@ -38,8 +45,9 @@ def test_logged_times_match_the_process_clock(executor, store, tmp_path):
     phases = phases_of(result.output)
     assert list(phases) == ["imports", "mlflow start", "build", "first step", "train", "evaluation", "save", "mlflow end"]
     client = MlflowClient(uri)
-    run = client.search_runs([client.get_experiment_by_name("timing").experiment_id],
-                             filter_string=f"attributes.run_name = 'timing-{executor}'")[0]
+    run = client.search_runs(
+        [client.get_experiment_by_name("timing").experiment_id], filter_string=f"attributes.run_name = 'timing-{executor}'"
+    )[0]
     m = run.data.metrics
 
     # The phases logged to MLflow are the ones printed (all but the last, which ends the run).
@@ -50,7 +58,8 @@ def test_logged_times_match_the_process_clock(executor, store, tmp_path):
     assert sum(phases.values()) <= wall
     # time/to_first_step_sec: from process start to the end of the first step.
     assert m["time/to_first_step_sec"] == pytest.approx(
-        phases["imports"] + phases["mlflow start"] + phases["build"] + phases["first step"], abs=4 * TOL)
+        phases["imports"] + phases["mlflow start"] + phases["build"] + phases["first step"], abs=4 * TOL
+    )
     # time/first_step_sec: the first step (tracing included), within the first-step phase (which adds the call's set-up).
     assert 0 < m["time/first_step_sec"] <= phases["first step"] + TOL
     # time/train_sec: the training call to the end of its last step: the first step and the training phase, less

@@ -94,9 +94,16 @@ def test_mlflow_run_holds_params_tags_and_metrics(matrix, runner):
     for i in range(4):
         assert f"loss/replica_{i}" in metrics
     assert "loss/replica_4" not in metrics
-    for key in ["loss", "eval/loss", "eval/accuracy", "throughput/examples_per_sec",
-                "throughput/examples_per_sec_per_replica", "throughput/step_time_ms", "time/first_step_sec",
-                "summary/examples_per_sec"]:
+    for key in [
+        "loss",
+        "eval/loss",
+        "eval/accuracy",
+        "throughput/examples_per_sec",
+        "throughput/examples_per_sec_per_replica",
+        "throughput/step_time_ms",
+        "time/first_step_sec",
+        "summary/examples_per_sec",
+    ]:
         assert key in metrics, key
     assert metrics["throughput/examples_per_sec"] == pytest.approx(4 * metrics["throughput/examples_per_sec_per_replica"])
     assert 0 < metrics["eval/accuracy"] <= 1
