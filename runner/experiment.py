@@ -133,8 +133,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     checkpoints = None
     if cfg.checkpoint.enabled and cfg.output_dir:
-        checkpoints = Checkpoints(layout.checkpoint_dir(cfg), cluster.is_chief, cfg.checkpoint.max_to_keep, model=model, optimizer=optimizer,
-                                  before_save=run.sync_journal)
+        checkpoints = Checkpoints(layout.checkpoint_dir(cfg), cluster.is_chief, cfg.checkpoint.max_to_keep, model=model,
+                                  optimizer=optimizer, before_save=run.sync_journal)
     job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
               cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
     phases.mark("build")  # strategy, data, model

@@ -7,7 +7,7 @@ if one does). runner/validate.py checks every declared range and choice with one
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional, Type
+from typing import Any
 
 UINT32_MAX = 2**32 - 1  # numpy's and Python's random.seed take seeds up to this
 
@@ -16,11 +16,11 @@ UINT32_MAX = 2**32 - 1  # numpy's and Python's random.seed take seeds up to this
 class Range:
     """Bounds of one numeric field (None: unbounded). For a list field they apply to each element."""
 
-    ge: Optional[float] = None
-    gt: Optional[float] = None
-    le: Optional[float] = None
-    lt: Optional[float] = None
-    null: Optional[str] = None  # what null means, for Optional fields (said in the message)
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    null: str | None = None  # what null means, for Optional fields (said in the message)
     why: str = ""  # what the bound protects against or what to do, appended to the message
 
 
@@ -31,7 +31,7 @@ def ranged(default=None, *, factory=None, **bounds) -> Any:
     return field(default=default, metadata={"range": Range(**bounds)})
 
 
-def choice(kind: Type[Enum], default) -> Any:
+def choice(kind: type[Enum], default) -> Any:
     """A string field whose value must be one of the values of the Enum `kind`: `loss: str = choice(Loss, "auto")`.
 
     The field stays a plain `str` for Hydra on purpose: typed as the Enum, Hydra would refuse a bad value while
@@ -42,6 +42,6 @@ def choice(kind: Type[Enum], default) -> Any:
     return field(default=kind(default).value, metadata={"choices": kind})
 
 
-def choices(kind: Type[Enum]) -> tuple:
+def choices(kind: type[Enum]) -> tuple:
     """The valid values of a choice field's Enum, in declaration order."""
     return tuple(member.value for member in kind)

@@ -10,7 +10,6 @@ import sys
 import textwrap
 from importlib import resources
 from pathlib import Path
-from typing import List
 
 from runner import registry
 
@@ -33,24 +32,28 @@ def _either(names, word: str) -> str:
     return ", ".join(names[:-1]) + f" {word} " + names[-1] if len(names) > 1 else "".join(names)
 
 
-def _notes(group: str) -> List[str]:
+def _notes(group: str) -> list[str]:
     """What the options' capabilities say about how the groups combine."""
     strategies = registry.options("strategy").values()
     if group == "strategy":
         clusters = [c.name for c in registry.options("cluster").values() if c.caps.processes]
-        return [f"{_either([s.name for s in strategies if s.caps.multi_process], 'and')} also run as the tasks of a "
-                f"cluster: cluster={_either(clusters, 'or')}"]
+        return [
+            f"{_either([s.name for s in strategies if s.caps.multi_process], 'and')} also run as the tasks of a "
+            f"cluster: cluster={_either(clusters, 'or')}"
+        ]
     if group == "cross_device_ops":
-        takers = [f"{s.name} takes {', '.join(s.caps.cross_device_ops)}" for s in strategies if s.caps.cross_device_ops != ("auto",)]
+        takers = [
+            f"{s.name} takes {', '.join(s.caps.cross_device_ops)}" for s in strategies if s.caps.cross_device_ops != ("auto",)
+        ]
         return ["; ".join(takers) + "; the others only auto"]
     return []
 
 
-def _wrap(text: str, indent: str, hang: str = "") -> List[str]:
+def _wrap(text: str, indent: str, hang: str = "") -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + hang, break_on_hyphens=False)
 
 
-def _entry(group: str) -> List[str]:
+def _entry(group: str) -> list[str]:
     """`group: a, b, c`, then what the group builds, then one line per option, then how it combines with others."""
     if group in OPEN_GROUPS:
         names = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))

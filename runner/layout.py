@@ -40,7 +40,8 @@ def task_dir(output_dir, job: str, index: int) -> str:
 def is_run_dir(path: str, checkpoints: str) -> bool:
     """Whether `path` is an output directory the runner wrote: .hydra/ plus an MLflow run id or checkpoints."""
     return os.path.isdir(os.path.join(path, HYDRA_DIR)) and (
-        os.path.isfile(os.path.join(path, RUN_ID_FILE)) or os.path.isdir(checkpoints))
+        os.path.isfile(os.path.join(path, RUN_ID_FILE)) or os.path.isdir(checkpoints)
+    )
 
 
 def task_role(strategy_name: str, task_type) -> str:

@@ -9,7 +9,7 @@ the generic probes below, in order. The low-level probes are runner/probes.py's;
 import contextlib
 import json
 import os
-from typing import Callable, List
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,7 +18,7 @@ from runner.errors import ConfigError
 from runner.probes import local_host, port_in_use, tracking_problem, writable_dir_problem
 from runner.redact import redact_uri
 
-PROBES: List[Callable[[DictConfig], None]] = []
+PROBES: list[Callable[[DictConfig], None]] = []
 MAX_LOGICAL_CPUS_PER_CORE = 4  # past this, replicas only fight over the same cores
 
 
@@ -53,8 +53,14 @@ def memory_fits(cfg):
     example, available = source.example_bytes(cfg.data), data_checks.available_memory()
     if source.generates:
         key = "data.num_examples" if cfg.data.num_examples >= cfg.data.eval_examples else "data.eval_examples"
-        data_checks.check_data_memory(key, cfg.data[key.split(".")[1]], cfg.data.num_examples + cfg.data.eval_examples,
-                                      example * source.generates, f"data={cfg.data.name}", available)
+        data_checks.check_data_memory(
+            key,
+            cfg.data[key.split(".")[1]],
+            cfg.data.num_examples + cfg.data.eval_examples,
+            example * source.generates,
+            f"data={cfg.data.name}",
+            available,
+        )
     data_checks.check_batch_memory(cfg.train.global_batch_size, example, f"data={cfg.data.name}", available)
 
 
@@ -74,8 +80,11 @@ def directories_writable(cfg):
             what = "checkpoints" if "checkpoint" in path or key == "checkpoint.dir" else "the run's output"
             raise ConfigError(
                 f"{key}: {path!r} cannot be used for {what}: {problem}. Point {key} at a directory this user can "
-                + ("create and write (or set checkpoint.enabled=false)." if key == "checkpoint.dir"
-                   else "create and write (hydra.run.dir=<dir>).")
+                + (
+                    "create and write (or set checkpoint.enabled=false)."
+                    if key == "checkpoint.dir"
+                    else "create and write (hydra.run.dir=<dir>)."
+                )
             )
 
 
@@ -141,8 +150,6 @@ def _undo_hydra_files(path: str) -> None:
         os.remove(log_file)
 
 
-
-
 @probe
 def tf_config_well_formed(cfg):
     """TF_CONFIG mistakes, found before TensorFlow reads it (its own errors are KeyErrors and hangs)."""
@@ -151,24 +158,34 @@ def tf_config_well_formed(cfg):
     raw = os.environ.get("TF_CONFIG")
     example = '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
     if not raw:
-        raise ConfigError(f"cluster={cfg.cluster.name} needs the TF_CONFIG environment variable, which is not set. It is JSON like {example}.")
+        raise ConfigError(
+            f"cluster={cfg.cluster.name} needs the TF_CONFIG environment variable, which is not set. It is JSON like {example}."
+        )
     try:
         spec = json.loads(raw)
     except json.JSONDecodeError as err:
         raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {raw[:200]!r}. It should look like {example}.") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not spec["cluster"]:
-        raise ConfigError(f"TF_CONFIG has no 'cluster' (a map of job name to host:port list): {raw[:200]!r}. It should look like {example}.")
+        raise ConfigError(
+            f"TF_CONFIG has no 'cluster' (a map of job name to host:port list): {raw[:200]!r}. It should look like {example}."
+        )
     jobs, task = spec["cluster"], spec.get("task")
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise ConfigError(f"TF_CONFIG has no 'task' {{'type': ..., 'index': ...}} saying which task this process is: {raw[:200]!r}. "
-                          f"It should look like {example}.")
+        raise ConfigError(
+            f"TF_CONFIG has no 'task' {{'type': ..., 'index': ...}} saying which task this process is: {raw[:200]!r}. "
+            f"It should look like {example}."
+        )
     kind, index = task["type"], task["index"]
     if kind != "evaluator" and kind not in jobs:
-        raise ConfigError(f"TF_CONFIG task type {kind!r} is not a job of its cluster; valid types: {', '.join(jobs)} (or evaluator).")
+        raise ConfigError(
+            f"TF_CONFIG task type {kind!r} is not a job of its cluster; valid types: {', '.join(jobs)} (or evaluator)."
+        )
     if kind in jobs:
         if not isinstance(index, int) or not 0 <= index < len(jobs[kind]):
-            raise ConfigError(f"TF_CONFIG task index {index!r} is out of range: job {kind!r} has {len(jobs[kind])} task(s), "
-                              f"so valid indices are 0..{len(jobs[kind]) - 1}.")
+            raise ConfigError(
+                f"TF_CONFIG task index {index!r} is out of range: job {kind!r} has {len(jobs[kind])} task(s), "
+                f"so valid indices are 0..{len(jobs[kind]) - 1}."
+            )
         address = str(jobs[kind][index])
         host, _, port = address.rpartition(":")
         if not port.isdigit():

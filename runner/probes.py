@@ -10,10 +10,9 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Optional
 
 
-def writable_dir_problem(path: str) -> Optional[str]:
+def writable_dir_problem(path: str) -> str | None:
     """None when `path` is, or can be made, a directory this process can write in; else why not. Directories made
     for the probe are removed again (the run makes them when it needs them)."""
     path = os.path.abspath(os.path.expanduser(path))
@@ -64,8 +63,9 @@ def tracking_problem(uri: str, timeout: float = 3.0):
     host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
     netloc = f"{host}:{parts.port}" if parts.port else host  # without user:password, which urllib cannot take here
     try:
-        with urllib.request.urlopen(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", "")),
-                                    timeout=timeout):
+        with urllib.request.urlopen(
+            urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", "")), timeout=timeout
+        ):
             return None
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):

@@ -10,28 +10,40 @@ No TensorFlow here, and none at the top of the group modules: config-only comman
 """
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Dict, Optional
 
 from runner.errors import ConfigError
 
 # group -> (the module that registers its options, the capabilities an option may declare: their defaults)
-GROUPS: Dict[str, tuple] = {
-    "strategy": ("runner.builders.strategy", {
-        "cross_device_ops": ("auto",),  # the cross_device_ops options it takes
-        "multi_process": False,  # may run as one task of a cluster of processes (a cluster with `processes`)
-        "inputs": None,  # the data.input paths it supports (None: all of them)
-    }),
+GROUPS: dict[str, tuple] = {
+    "strategy": (
+        "runner.builders.strategy",
+        {
+            "cross_device_ops": ("auto",),  # the cross_device_ops options it takes
+            "multi_process": False,  # may run as one task of a cluster of processes (a cluster with `processes`)
+            "inputs": None,  # the data.input paths it supports (None: all of them)
+            # fn(cfg, ops_cfg) -> [(key, device name)] the config names, checked to exist before the strategy is built (a
+            # missing one hangs at the first step). Only single-process strategies: listing devices initialises TensorFlow.
+            "devices": None,
+        },
+    ),
     "cross_device_ops": ("runner.builders.cross_device_ops", {}),
-    "cluster": ("runner.builders.cluster", {
-        "processes": False,  # its tasks are separate processes: only `multi_process` strategies fit
-        "reads_tf_config": False,  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
-    }),
-    "data": ("runner.builders.data", {
-        "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
-        "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
-    }),
+    "cluster": (
+        "runner.builders.cluster",
+        {
+            "processes": False,  # its tasks are separate processes: only `multi_process` strategies fit
+            "reads_tf_config": False,  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
+        },
+    ),
+    "data": (
+        "runner.builders.data_sources",
+        {
+            "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
+            "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
+        },
+    ),
     "executor": ("runner.builders.executor", {}),
 }
 # Every option may also declare: `check`, a pure cross-field check of the whole config, and `probe`, a pre-flight
@@ -44,7 +56,7 @@ class Option:
     group: str
     name: str
     schema: type  # the dataclass Hydra types the option's node with
-    build: Optional[Callable]  # None: never built inside a task (cluster=localhost is started by the launcher)
+    build: Callable | None  # None: never built inside a task (cluster=localhost is started by the launcher)
     help: str  # what it builds, for --help
     caps: SimpleNamespace  # the group's capabilities (GROUPS) plus check and probe
 
@@ -53,11 +65,11 @@ class Option:
         return self.schema(name=self.name)
 
 
-_options: Dict[str, Dict[str, Option]] = {group: {} for group in GROUPS}
-_intros: Dict[str, str] = {}
+_options: dict[str, dict[str, Option]] = {group: {} for group in GROUPS}
+_intros: dict[str, str] = {}
 
 
-def register(group: str, name: str, *, schema: type, help: str, build: Optional[Callable] = None, **caps) -> Option:
+def register(group: str, name: str, *, schema: type, help: str, build: Callable | None = None, **caps) -> Option:
     allowed = {**GROUPS[group][1], **COMMON}
     unknown = sorted(set(caps) - set(allowed))
     if unknown:
@@ -69,6 +81,7 @@ def register(group: str, name: str, *, schema: type, help: str, build: Optional[
 
 def option(group: str, name: str, *, schema: type, help: str, **caps):
     """Decorator form of `register`: the decorated function is the option's builder."""
+
     def decorate(build: Callable) -> Callable:
         register(group, name, schema=schema, help=help, build=build, **caps)
         return build
@@ -86,7 +99,7 @@ def intro(group: str) -> str:
     return _intros.get(group, "")
 
 
-def options(group: str) -> Dict[str, Option]:
+def options(group: str) -> dict[str, Option]:
     """The group's options, in registration order (importing its module registers them)."""
     importlib.import_module(GROUPS[group][0])
     return _options[group]

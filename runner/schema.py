@@ -8,13 +8,13 @@ field its Enum beside its default, and runner/validate.py checks all of them gen
 """
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from runner import registry
-from runner.builders.data import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
+from runner.builders.data_sources import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
 from runner.builders.model import Loss, Optimizer
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
 from runner.fields import UINT32_MAX, Range, choice, ranged  # noqa: F401  (Range, ranged: their old home)
@@ -24,7 +24,7 @@ from runner.fields import UINT32_MAX, Range, choice, ranged  # noqa: F401  (Rang
 @dataclass
 class DevicesConfig:
     logical_cpus: int = ranged(1, ge=1)  # tf.config.set_logical_device_configuration: N CPU replicas without a GPU
-    gpus: Optional[List[int]] = ranged(None, ge=0, null="all GPUs")  # indices of the GPUs to make visible; None: all
+    gpus: list[int] | None = ranged(None, ge=0, null="all GPUs")  # indices of the GPUs to make visible; None: all
     memory_growth: bool = True  # tf.config.experimental.set_memory_growth on each visible GPU
 
 
@@ -33,13 +33,13 @@ class OptimizerConfig:
     name: str = choice(Optimizer, "sgd")
     learning_rate: float = ranged(0.05, gt=0)
     momentum: float = ranged(0.0, ge=0, lt=1)  # sgd and rmsprop
-    clipnorm: Optional[float] = ranged(None, gt=0, null="no clipping")
+    clipnorm: float | None = ranged(None, gt=0, null="no clipping")
 
 
 @dataclass
 class TrainConfig:
     epochs: int = ranged(2, ge=1)
-    steps_per_epoch: Optional[int] = ranged(None, ge=1, null="one pass over the data")  # None: training examples // global batch
+    steps_per_epoch: int | None = ranged(None, ge=1, null="one pass over the data")  # None: training examples // global batch
     global_batch_size: int = ranged(64, ge=1)  # split across replicas, as the guide describes
     loss: str = choice(Loss, "auto")  # auto: from the data's task
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -53,18 +53,19 @@ class TrainConfig:
 @dataclass
 class MlflowConfig:
     experiment_name: str = "runner"
-    run_name: Optional[str] = None  # None: MLflow picks a name
-    tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
+    run_name: str | None = None  # None: MLflow picks a name
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
     enabled: bool = True  # false: no MLflow at all (benchmarks of the logging cost, quick trials)
-    flush_every_sec: float = ranged(30.0, ge=1, why="sending more often slows training many times over (0 made it 10-16x slower)")  # the background sender's period; training never waits for it
+    # the background sender's period; training never waits for it
+    flush_every_sec: float = ranged(30.0, ge=1, why="sending more often slows training many times over (0 made it 10-16x slower)")
     delivery_timeout_sec: float = ranged(120.0, ge=0)  # at the end: wait this long for a server that is down, then save an outbox
 
 
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
-    dir: Optional[str] = None  # None: <output_dir>/checkpoints (runner/layout.py)
-    every_n_steps: Optional[int] = ranged(None, ge=1, null="at the end of each epoch")  # custom loop; None: at the end of each epoch (fit: always per epoch)
+    dir: str | None = None  # None: <output_dir>/checkpoints (runner/layout.py)
+    every_n_steps: int | None = ranged(None, ge=1, null="at the end of each epoch")  # custom loop (fit: always per epoch)
     max_to_keep: int = ranged(3, ge=1, why="the newest checkpoint is what resume= continues from")
 
 
@@ -80,10 +81,10 @@ class RunnerConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: Optional[str] = None  # an earlier run's output directory: continue its checkpoint and MLflow run
+    resume: str | None = None  # an earlier run's output directory: continue its checkpoint and MLflow run
     save_model: bool = True  # save <output_dir>/model.keras and log it as an artifact
     # checkpoints, model, MLflow run id: resume=<dir> when given, else Hydra's run directory (`runner.or`: runner/app.py)
-    output_dir: Optional[str] = "${runner.or:${resume},${hydra:runtime.output_dir}}"
+    output_dir: str | None = "${runner.or:${resume},${hydra:runtime.output_dir}}"
 
 
 # group -> option -> schema class, from the registry (the option's schema is declared beside its builder)

@@ -11,7 +11,7 @@ that names the bad value and the valid choices.
 
 import dataclasses
 import math
-from typing import Callable, List
+from collections.abc import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -20,7 +20,7 @@ from runner.errors import ConfigError
 from runner.fields import choices
 from runner.probes import tracking_problem, writable_dir_problem  # noqa: F401  (app.py and deliver.py import them from here)
 
-CHECKS: List[Callable[[DictConfig], None]] = []
+CHECKS: list[Callable[[DictConfig], None]] = []
 
 
 def check(fn):
@@ -68,15 +68,22 @@ def _bounds_text(r, is_int: bool) -> str:
 def _out_of_range(value, r) -> bool:
     if isinstance(value, float) and not math.isfinite(value):
         return True
-    return ((r.ge is not None and value < r.ge) or (r.gt is not None and value <= r.gt)
-            or (r.le is not None and value > r.le) or (r.lt is not None and value >= r.lt))
+    return (
+        (r.ge is not None and value < r.ge)
+        or (r.gt is not None and value <= r.gt)
+        or (r.le is not None and value > r.le)
+        or (r.lt is not None and value >= r.lt)
+    )
 
 
 def _declared(node, prefix: str, meta: str):
     """(full key, declaration, value) for every set, non-null field of `node` (recursively) that declares `meta`."""
     kind = OmegaConf.get_type(node)
-    declared = {f.name: f.metadata[meta] for f in dataclasses.fields(kind) if meta in f.metadata} \
-        if dataclasses.is_dataclass(kind) else {}
+    declared = (
+        {f.name: f.metadata[meta] for f in dataclasses.fields(kind) if meta in f.metadata}
+        if dataclasses.is_dataclass(kind)
+        else {}
+    )
     for key in node.keys():
         full = f"{prefix}{key}"
         if isinstance(node._get_node(key), DictConfig):
@@ -85,7 +92,7 @@ def _declared(node, prefix: str, meta: str):
             yield full, declared[key], node[key]
 
 
-def range_problems(node, prefix: str = "") -> List[str]:
+def range_problems(node, prefix: str = "") -> list[str]:
     """Every numeric value outside the range its schema field declares (`ranged(...)`, runner/fields.py)."""
     problems = []
     for full, r, value in _declared(node, prefix, "range"):
@@ -104,7 +111,7 @@ def range_problems(node, prefix: str = "") -> List[str]:
     return problems
 
 
-def _first_of(problems: List[str]) -> None:
+def _first_of(problems: list[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more: {' '.join(problems[1:])})" if len(problems) > 1 else ""
         raise ConfigError(problems[0] + more)
@@ -119,8 +126,13 @@ def ranges(cfg):
 @check
 def enumerations(cfg):
     """The one generic choice check: every enumerated field (`choice(Enum, default)`) against its Enum's values."""
-    _first_of([f"{full}={str(value)!r} is not valid; choose one of: {', '.join(choices(kind))}."
-               for full, kind, value in _declared(cfg, "", "choices") if str(value) not in choices(kind)])
+    _first_of(
+        [
+            f"{full}={str(value)!r} is not valid; choose one of: {', '.join(choices(kind))}."
+            for full, kind, value in _declared(cfg, "", "choices")
+            if str(value) not in choices(kind)
+        ]
+    )
 
 
 def _selected(cfg):
@@ -166,5 +178,6 @@ def strategy_fits_cluster(cfg):
 def strategy_takes_input(cfg):
     inputs = _selected(cfg)["strategy"].caps.inputs
     if inputs is not None and cfg.data.input not in inputs:
-        raise ConfigError(f"data.input={cfg.data.input} is not supported with strategy={cfg.strategy.name}; "
-                          f"use data.input={inputs[0]}.")
+        raise ConfigError(
+            f"data.input={cfg.data.input} is not supported with strategy={cfg.strategy.name}; use data.input={inputs[0]}."
+        )

@@ -6,12 +6,20 @@ from omegaconf import OmegaConf
 from runner import layout
 
 
-@pytest.mark.parametrize("strategy,task_type,role", [
-    ("multi_worker_mirrored", None, "trainer"), ("multi_worker_mirrored", "worker", "trainer"),
-    ("multi_worker_mirrored", "chief", "trainer"), ("parameter_server", "chief", "trainer"),
-    ("parameter_server", "worker", "server"), ("parameter_server", "ps", "server"), ("multi_worker_mirrored", "ps", "server"),
-    ("parameter_server", "evaluator", "evaluator"), ("multi_worker_mirrored", "evaluator", "evaluator"),
-])
+@pytest.mark.parametrize(
+    "strategy,task_type,role",
+    [
+        ("multi_worker_mirrored", None, "trainer"),
+        ("multi_worker_mirrored", "worker", "trainer"),
+        ("multi_worker_mirrored", "chief", "trainer"),
+        ("parameter_server", "chief", "trainer"),
+        ("parameter_server", "worker", "server"),
+        ("parameter_server", "ps", "server"),
+        ("multi_worker_mirrored", "ps", "server"),
+        ("parameter_server", "evaluator", "evaluator"),
+        ("multi_worker_mirrored", "evaluator", "evaluator"),
+    ],
+)
 def test_task_roles(strategy, task_type, role):
     assert layout.task_role(strategy, task_type) == role
 

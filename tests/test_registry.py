@@ -40,7 +40,8 @@ def test_every_option_has_one_yaml_that_only_selects_its_schema(group):
     assert on_disk == sorted(registry.options(group)), "register the option in its builder module and add its YAML"
     for name in on_disk:
         assert _yaml(CONF / group / f"{name}.yaml") == {"defaults": [f"/schema/{group}/{name}@_here_", "_self_"]}, (
-            f"conf/{group}/{name}.yaml sets values: defaults belong in its schema ({registry.get(group, name).schema.__name__})")
+            f"conf/{group}/{name}.yaml sets values: defaults belong in its schema ({registry.get(group, name).schema.__name__})"
+        )
 
 
 def test_the_root_config_restates_no_default():
@@ -78,7 +79,8 @@ def test_the_config_store_holds_exactly_the_registry():
 
 
 def test_capabilities_name_registered_options():
-    ops, inputs = set(registry.options("cross_device_ops")), fields.choices(registry.get("data", "ones").schema.__dataclass_fields__["input"].metadata["choices"])
+    ops = set(registry.options("cross_device_ops"))
+    inputs = fields.choices(registry.get("data", "ones").schema.__dataclass_fields__["input"].metadata["choices"])
     for s in registry.options("strategy").values():
         assert set(s.caps.cross_device_ops) <= ops and "auto" in s.caps.cross_device_ops, s.name
         assert s.caps.inputs is None or set(s.caps.inputs) <= set(inputs), s.name
@@ -126,9 +128,14 @@ def test_pure_checks_do_no_io(tmp_path):
     import urllib.request
     from unittest import mock
 
-    cases = [composed(), composed("data=npz", "data.path=/no/such.npz"), composed("mlflow.tracking_uri=http://127.0.0.1:9"),
-             composed("strategy=multi_worker_mirrored", "cluster=tf_config"), composed(f"checkpoint.dir={tmp_path}/x"),
-             composed(f"resume={tmp_path}/none")]
+    cases = [
+        composed(),
+        composed("data=npz", "data.path=/no/such.npz"),
+        composed("mlflow.tracking_uri=http://127.0.0.1:9"),
+        composed("strategy=multi_worker_mirrored", "cluster=tf_config"),
+        composed(f"checkpoint.dir={tmp_path}/x"),
+        composed(f"resume={tmp_path}/none"),
+    ]
     validate.check_config(cases[0])  # the registry's modules are imported before anything is forbidden
     touched = []
 
@@ -142,8 +149,19 @@ def test_pure_checks_do_no_io(tmp_path):
 
         get = __contains__ = __getitem__
 
-    targets = [(builtins, "open"), (socket, "socket"), (urllib.request, "urlopen"), (os, "mkdir"), (os, "stat"), (os, "listdir"),
-               (os, "sched_getaffinity"), (os, "getenv"), (os.path, "exists"), (os.path, "isdir"), (os.path, "isfile")]
+    targets = [
+        (builtins, "open"),
+        (socket, "socket"),
+        (urllib.request, "urlopen"),
+        (os, "mkdir"),
+        (os, "stat"),
+        (os, "listdir"),
+        (os, "sched_getaffinity"),
+        (os, "getenv"),
+        (os.path, "exists"),
+        (os.path, "isdir"),
+        (os.path, "isfile"),
+    ]
     with contextlib.ExitStack() as patches:
         for module, name in targets:
             patches.enter_context(mock.patch.object(module, name, forbidden))
@@ -164,8 +182,10 @@ def test_validate_runs_the_probes_after_the_pure_checks():
 
 
 def test_config_only_modules_import_no_tensorflow_or_numpy():
-    probe = ("import sys, runner.schema, runner.validate, runner.preflight, runner.helptext, runner.layout\n"
-             "runner.schema.register()\n"
-             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'numpy', 'mlflow') if m in sys.modules))")
+    probe = (
+        "import sys, runner.schema, runner.validate, runner.preflight, runner.helptext, runner.layout\n"
+        "runner.schema.register()\n"
+        "print(sorted(m for m in ('tensorflow', 'tf_keras', 'numpy', 'mlflow') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -9,7 +9,7 @@ builder here (runner/registry.py); its YAML is conf/cluster/<name>.yaml.
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -42,22 +42,22 @@ class SlurmClusterConfig(ClusterConfig):
     start_timeout_sec: float = ranged(300.0, gt=0)  # 300 s under Slurm (the other clusters: 120 s)
     port_base: int = ranged(8888, ge=1, le=65535, why="it is a TCP port")
     ps: int = ranged(0, ge=0)  # with parameter_server: the first `ps` Slurm tasks become ps, the next one the chief
-    gpus_per_node: Optional[int] = ranged(None, ge=0, null="the GPUs TensorFlow sees")  # None: the GPUs TensorFlow sees on this node
+    gpus_per_node: int | None = ranged(None, ge=0, null="the GPUs TensorFlow sees")  # None: the GPUs TensorFlow sees on this node
 
 
 @dataclass
 class TPUClusterConfig(ClusterConfig):
     tpu: str = "local"  # TPU name, grpc://host:port address, or "local" on a TPU VM
-    zone: Optional[str] = None
-    project: Optional[str] = None
+    zone: str | None = None
+    project: str | None = None
     connect_timeout_sec: float = ranged(30.0, gt=0)  # an address with nothing behind it hangs: give up after this
 
 
 @dataclass
 class Cluster:
     name: str
-    resolver: Optional[Any] = None  # a tf.distribute.cluster_resolver.ClusterResolver
-    task_type: Optional[str] = None
+    resolver: Any | None = None  # a tf.distribute.cluster_resolver.ClusterResolver
+    task_type: str | None = None
     task_id: int = 0
 
     @property
@@ -98,8 +98,14 @@ def _localhost_shape(cfg):
         raise ConfigError(f"cluster.ps={c.ps}: ps tasks only exist with strategy=parameter_server; use cluster.ps=0.")
 
 
-register("cluster", "localhost", schema=LocalhostClusterConfig, help="tasks started here on 127.0.0.1",
-         processes=True, check=_localhost_shape)
+register(
+    "cluster",
+    "localhost",
+    schema=LocalhostClusterConfig,
+    help="tasks started here on 127.0.0.1",
+    processes=True,
+    check=_localhost_shape,
+)
 
 
 @option("cluster", "tf_config", schema=ClusterConfig, help="TFConfigClusterResolver", processes=True, reads_tf_config=True)
@@ -159,8 +165,11 @@ def _tpu(cfg) -> Cluster:
     thread.start()
     thread.join(cfg.connect_timeout_sec)
     if "resolver" not in result:
-        why = (f"{type(result['error']).__name__}: {str(result['error']).strip().splitlines()[0]}" if "error" in result
-               else f"no answer within cluster.connect_timeout_sec={cfg.connect_timeout_sec}")
+        why = (
+            f"{type(result['error']).__name__}: {str(result['error']).strip().splitlines()[0]}"
+            if "error" in result
+            else f"no answer within cluster.connect_timeout_sec={cfg.connect_timeout_sec}"
+        )
         raise ConfigError(
             f"cluster=tpu could not reach a TPU at cluster.tpu={cfg.tpu!r} ({why}). Point cluster.tpu at a TPU name "
             "or grpc://host:port address; without a TPU use strategy=mirrored or one_device with cluster=local."

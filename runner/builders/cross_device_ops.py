@@ -6,7 +6,6 @@ is the strategy's capability (`cross_device_ops=...` in runner/builders/strategy
 """
 
 from dataclasses import dataclass
-from typing import Optional
 
 from omegaconf import MISSING
 
@@ -21,8 +20,9 @@ describe("cross_device_ops", "the all-reduce")
 @dataclass
 class CrossDeviceOpsConfig:
     name: str = MISSING
-    num_packs: int = ranged(1, ge=0, why="0 packs nothing; TensorFlow refuses negative values")  # NcclAllReduce / HierarchicalCopyAllReduce
-    reduce_to_device: Optional[str] = None  # ReductionToOneDevice; None: TF's choice
+    # NcclAllReduce / HierarchicalCopyAllReduce
+    num_packs: int = ranged(1, ge=0, why="0 packs nothing; TensorFlow refuses negative values")
+    reduce_to_device: str | None = None  # ReductionToOneDevice; None: TF's choice
 
 
 def _implementation(name: str):
@@ -31,21 +31,30 @@ def _implementation(name: str):
     return getattr(tf.distribute.experimental.CommunicationImplementation, name)
 
 
-@option("cross_device_ops", "auto", schema=CrossDeviceOpsConfig,
-        help="TensorFlow's choice (mirrored: NCCL with GPUs, else ReductionToOneDevice; multi-worker: AUTO)")
+@option(
+    "cross_device_ops",
+    "auto",
+    schema=CrossDeviceOpsConfig,
+    help="TensorFlow's choice (mirrored: NCCL with GPUs, else ReductionToOneDevice; multi-worker: AUTO)",
+)
 def _auto(cfg, devices, multi_worker):
     return _implementation("AUTO") if multi_worker else None
 
 
-@option("cross_device_ops", "nccl", schema=CrossDeviceOpsConfig,
-        help="NcclAllReduce(num_packs), or CommunicationImplementation.NCCL; NVIDIA GPUs only")
+@option(
+    "cross_device_ops",
+    "nccl",
+    schema=CrossDeviceOpsConfig,
+    help="NcclAllReduce(num_packs), or CommunicationImplementation.NCCL; NVIDIA GPUs only",
+)
 def _nccl(cfg, devices, multi_worker):
     import tensorflow as tf
 
     if not devices.gpus:
+        instead = "ring or auto" if multi_worker else "hierarchical_copy or reduction_to_one_device"
         raise ConfigError(
             "cross_device_ops=nccl needs NVIDIA GPUs (NCCL has no CPU kernels), but TensorFlow sees no GPU on this "
-            f"machine. Use cross_device_ops={'ring or auto' if multi_worker else 'hierarchical_copy or reduction_to_one_device'} instead."
+            f"machine. Use cross_device_ops={instead} instead."
         )
     return _implementation("NCCL") if multi_worker else tf.distribute.NcclAllReduce(num_packs=cfg.num_packs)
 
@@ -57,8 +66,12 @@ def _hierarchical_copy(cfg, devices, multi_worker):
     return tf.distribute.HierarchicalCopyAllReduce(num_packs=cfg.num_packs)
 
 
-@option("cross_device_ops", "reduction_to_one_device", schema=CrossDeviceOpsConfig,
-        help="ReductionToOneDevice(reduce_to_device): reduce on one device, then broadcast")
+@option(
+    "cross_device_ops",
+    "reduction_to_one_device",
+    schema=CrossDeviceOpsConfig,
+    help="ReductionToOneDevice(reduce_to_device): reduce on one device, then broadcast",
+)
 def _reduction_to_one_device(cfg, devices, multi_worker):
     import tensorflow as tf
 

@@ -3,7 +3,7 @@
 whose get_executor() the builders return."""
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from omegaconf import MISSING
 
@@ -13,7 +13,7 @@ from runner.registry import describe, get, option
 describe("executor", "the training loop")
 
 
-class Verbose(str, Enum):
+class Verbose(StrEnum):
     auto = "auto"  # a progress bar on a terminal, log lines otherwise
     quiet = "0"
     bar = "1"
@@ -33,8 +33,9 @@ def _fit(cfg):
     return get_executor("fit")
 
 
-@option("executor", "custom_loop", schema=ExecutorConfig,
-        help="GradientTape + strategy.run + compute_average_loss + strategy.reduce")
+@option(
+    "executor", "custom_loop", schema=ExecutorConfig, help="GradientTape + strategy.run + compute_average_loss + strategy.reduce"
+)
 def _custom_loop(cfg):
     from runner.executors import get_executor
 

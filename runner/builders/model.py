@@ -4,7 +4,7 @@ Call these inside strategy.scope(): variables created there are distributed by t
 """
 
 import inspect
-from enum import Enum
+from enum import StrEnum
 
 from hydra.utils import get_method
 from omegaconf import OmegaConf
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from runner.errors import ConfigError
 
 
-class Loss(str, Enum):
+class Loss(StrEnum):
     """train.loss (the schema's field is typed by it: runner/schema.py)."""
 
     auto = "auto"  # from the data's task: sparse_categorical_crossentropy or mse
@@ -21,7 +21,7 @@ class Loss(str, Enum):
     sparse_categorical_crossentropy = "sparse_categorical_crossentropy"
 
 
-class Optimizer(str, Enum):
+class Optimizer(StrEnum):
     """train.optimizer.name (typed by it in runner/schema.py); built by _optimizer below."""
 
     sgd = "sgd"
@@ -39,7 +39,10 @@ def build_model(cfg, input_shape, num_outputs):
     try:
         fn = get_method(target)
     except Exception as err:
-        raise ConfigError(f"model._target_={target!r} cannot be imported ({err}). Use runner.models.linear, runner.models.mlp, runner.models.cnn or your own module.function.") from None
+        raise ConfigError(
+            f"model._target_={target!r} cannot be imported ({err}). Use runner.models.linear, runner.models.mlp, "
+            "runner.models.cnn or your own module.function."
+        ) from None
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
     try:
         params = inspect.signature(fn).parameters

@@ -2,14 +2,13 @@
 its capabilities and its builder, registered together (runner/registry.py); its YAML is conf/strategy/<name>.yaml."""
 
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import List, Optional
+from enum import StrEnum
 
 from omegaconf import MISSING
 
 from runner.builders.cluster import Cluster
 from runner.builders.cross_device_ops import build_communication_options, build_cross_device_ops
-from runner.builders.devices import Devices
+from runner.builders.devices import Devices, check_devices_exist
 from runner.errors import ConfigError
 from runner.fields import choice, ranged
 from runner.registry import describe, get, option, options
@@ -24,26 +23,27 @@ class StrategyConfig:
 
 @dataclass
 class OneDeviceConfig(StrategyConfig):
-    device: Optional[str] = None  # None: /gpu:0 when a GPU is visible, else /cpu:0
+    device: str | None = None  # None: /gpu:0 when a GPU is visible, else /cpu:0
 
 
 @dataclass
 class MirroredConfig(StrategyConfig):
-    devices: Optional[List[str]] = None  # e.g. ["/gpu:0", "/gpu:1"]; None: all visible GPUs, else all logical CPUs
+    devices: list[str] | None = None  # e.g. ["/gpu:0", "/gpu:1"]; None: all visible GPUs, else all logical CPUs
 
 
 @dataclass
 class CentralStorageConfig(StrategyConfig):
-    compute_devices: Optional[List[str]] = None  # None: all visible GPUs, else all logical CPUs
-    parameter_device: Optional[str] = None  # None: /cpu:0
+    compute_devices: list[str] | None = None  # None: all visible GPUs, else all logical CPUs
+    parameter_device: str | None = None  # None: /cpu:0
 
 
 @dataclass
 class MultiWorkerMirroredConfig(StrategyConfig):
-    collective_timeout_sec: Optional[float] = ranged(None, gt=0, null="TensorFlow's default")  # CommunicationOptions(timeout_seconds=...)
+    # CommunicationOptions(timeout_seconds=...)
+    collective_timeout_sec: float | None = ranged(None, gt=0, null="TensorFlow's default")
 
 
-class Partitioner(str, Enum):
+class Partitioner(StrEnum):
     none = "none"
     fixed_shards = "fixed_shards"  # FixedShardsPartitioner(num_shards)
     min_size = "min_size"  # MinSizePartitioner(min_shard_bytes, max_shards)
@@ -76,15 +76,32 @@ def _default(cfg, ops_cfg, devices, cluster):
     return tf.distribute.get_strategy()
 
 
-@option("strategy", "one_device", schema=OneDeviceConfig, help="OneDeviceStrategy")
+def _one_device_names(cfg, ops_cfg):
+    return [("strategy.device", cfg.device)] if cfg.device else []
+
+
+@option("strategy", "one_device", schema=OneDeviceConfig, help="OneDeviceStrategy", devices=_one_device_names)
 def _one_device(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
     return tf.distribute.OneDeviceStrategy(cfg.device or ("/gpu:0" if devices.gpus else "/cpu:0"))
 
 
-@option("strategy", "mirrored", schema=MirroredConfig, help="MirroredStrategy",
-        cross_device_ops=("auto", "nccl", "hierarchical_copy", "reduction_to_one_device"))
+def _mirrored_names(cfg, ops_cfg):
+    named = [("strategy.devices", d) for d in (cfg.devices or [])]
+    if ops_cfg.name == "reduction_to_one_device" and ops_cfg.get("reduce_to_device"):
+        named.append(("cross_device_ops.reduce_to_device", ops_cfg.reduce_to_device))
+    return named
+
+
+@option(
+    "strategy",
+    "mirrored",
+    schema=MirroredConfig,
+    help="MirroredStrategy",
+    cross_device_ops=("auto", "nccl", "hierarchical_copy", "reduction_to_one_device"),
+    devices=_mirrored_names,
+)
 def _mirrored(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -93,7 +110,12 @@ def _mirrored(cfg, ops_cfg, devices, cluster):
     )
 
 
-@option("strategy", "central_storage", schema=CentralStorageConfig, help="CentralStorageStrategy")
+def _central_storage_names(cfg, ops_cfg):
+    named = [("strategy.compute_devices", d) for d in (cfg.compute_devices or [])]
+    return named + ([("strategy.parameter_device", cfg.parameter_device)] if cfg.parameter_device else [])
+
+
+@option("strategy", "central_storage", schema=CentralStorageConfig, help="CentralStorageStrategy", devices=_central_storage_names)
 def _central_storage(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -102,8 +124,14 @@ def _central_storage(cfg, ops_cfg, devices, cluster):
     )
 
 
-@option("strategy", "multi_worker_mirrored", schema=MultiWorkerMirroredConfig, help="MultiWorkerMirroredStrategy",
-        cross_device_ops=("auto", "ring", "nccl"), multi_process=True)
+@option(
+    "strategy",
+    "multi_worker_mirrored",
+    schema=MultiWorkerMirroredConfig,
+    help="MultiWorkerMirroredStrategy",
+    cross_device_ops=("auto", "ring", "nccl"),
+    multi_process=True,
+)
 def _multi_worker_mirrored(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -135,8 +163,14 @@ def _needs_process_cluster(cfg):
         )
 
 
-@option("strategy", "parameter_server", schema=ParameterServerConfig, help="ParameterServerStrategy",
-        multi_process=True, check=_needs_process_cluster)
+@option(
+    "strategy",
+    "parameter_server",
+    schema=ParameterServerConfig,
+    help="ParameterServerStrategy",
+    multi_process=True,
+    check=_needs_process_cluster,
+)
 def _parameter_server(cfg, ops_cfg, devices, cluster):
     import tensorflow as tf
 
@@ -162,53 +196,8 @@ def _tpu(cfg, ops_cfg, devices, cluster):
     return tf.distribute.TPUStrategy(cluster.resolver)  # connected and initialised by the cluster builder
 
 
-def named_devices(cfg, ops_cfg):
-    """(key, device name) for every device the config names for a single-process strategy."""
-    named = []
-    if cfg.name == "one_device" and cfg.device:
-        named.append(("strategy.device", cfg.device))
-    if cfg.name == "mirrored":
-        named += [("strategy.devices", d) for d in (cfg.devices or [])]
-    if cfg.name == "central_storage":
-        named += [("strategy.compute_devices", d) for d in (cfg.compute_devices or [])]
-        if cfg.parameter_device:
-            named.append(("strategy.parameter_device", cfg.parameter_device))
-    if cfg.name == "mirrored" and ops_cfg.name == "reduction_to_one_device" and ops_cfg.get("reduce_to_device"):
-        named.append(("cross_device_ops.reduce_to_device", ops_cfg.reduce_to_device))
-    return named
-
-
-def check_devices_exist(cfg, ops_cfg) -> None:
-    """A device that does not exist makes the strategy hang at the first step: refuse it, naming the ones that exist.
-
-    Only for strategies that name devices (one_device, mirrored, central_storage): list_logical_devices() initialises
-    TensorFlow's context, which multi_worker_mirrored must configure first.
-    """
-    named = named_devices(cfg, ops_cfg)
-    if not named:
-        return
-    import tensorflow as tf
-
-    existing = tf.config.list_logical_devices()
-    have = {(d.device_type.upper(), tf.DeviceSpec.from_string(d.name).device_index) for d in existing}
-    listing = ", ".join(d.name.replace("/job:localhost/replica:0/task:0", "") for d in existing)
-    for key, name in named:
-        try:
-            spec = tf.DeviceSpec.from_string(str(name))
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"{key}={name!r} is not a device name ({err}). Devices here: {listing}.") from None
-        kind = (spec.device_type or "").upper()
-        found = bool(kind) and any(k == kind and (spec.device_index is None or i == spec.device_index) for k, i in have)
-        if spec.job not in (None, "localhost") or spec.task not in (None, 0) or spec.replica not in (None, 0):
-            found = False  # another task's device: this process only has its own
-        if not found:
-            hint = " (devices.logical_cpus=N makes N CPU devices)" if kind == "CPU" else ""
-            raise ConfigError(
-                f"{key}={name!r} names a device that does not exist in this process; the devices that exist are: "
-                f"{listing}{hint}. Name one of them, or leave {key} null (the default).")
-
-
 def build_strategy(cfg, ops_cfg, devices: Devices, cluster: Cluster):
-    build = get("strategy", cfg.name).build  # an unknown name: "strategy=... is unknown; choose one of: ..."
-    check_devices_exist(cfg, ops_cfg)
-    return build(cfg, ops_cfg, devices, cluster)
+    chosen = get("strategy", cfg.name)  # an unknown name: "strategy=... is unknown; choose one of: ..."
+    if chosen.caps.devices is not None:
+        check_devices_exist(chosen.caps.devices(cfg, ops_cfg))
+    return chosen.build(cfg, ops_cfg, devices, cluster)
