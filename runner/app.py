@@ -6,11 +6,11 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import schema
+from runner import contract, schema
 from runner.errors import RunnerError
 from runner.stopping import Stopped
-from runner.tracking import ATTACH_ENV, JOB_ENV
-from runner.validate import writable_dir_problem, validate
+from runner.probes import writable_dir_problem
+from runner.validate import validate
 
 schema.register()
 # `${runner.or:a,b}`: a unless it is null or empty (hydra.run.dir is resume=<dir> when given).
@@ -60,7 +60,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     if HydraConfig.get().mode == RunMode.MULTIRUN:
-        if os.environ.get(JOB_ENV):  # the sweep passes hydra.mode=RUN; this is the backstop against a fork bomb
+        if os.environ.get(contract.SWEEP_JOB):  # the sweep passes hydra.mode=RUN; this is the backstop against a fork bomb
             print("Error: a job of a sweep was started as a sweep itself (hydra.mode=MULTIRUN); refusing to start "
                   "another level of jobs. Remove hydra.mode from the job's overrides.", file=sys.stderr)
             sys.exit(2)
@@ -71,7 +71,7 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except Stopped as err:
-        launched = os.environ.get(ATTACH_ENV)  # a task of cluster=localhost: the launcher says what to do next
+        launched = os.environ.get(contract.ATTACH_RUN)  # a task of cluster=localhost: the launcher says what to do next
         hint = f" Continue with: python -m runner <same overrides> resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
         marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
         print(f"Stopped: {err}{marked}{hint}", file=sys.stderr)

@@ -10,8 +10,8 @@ import contextlib
 import logging
 import os
 
-from runner import datasets
-from runner.tracking import ATTACH_ENV, NullRun, mlflow_run
+from runner import contract, datasets, layout
+from runner.tracking import NullRun, mlflow_run
 
 log = logging.getLogger("runner")
 
@@ -30,9 +30,9 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     model.compile(loss=build_loss(name), metrics=build_metrics(name))
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, step=step)
-    directory = cfg.checkpoint.dir or os.path.join(cfg.output_dir, "checkpoints")
+    directory = layout.checkpoint_dir(cfg)
     # Under the localhost launcher the metrics go into the job's run; elsewhere only to this task's log.
-    context = mlflow_run(cfg) if os.environ.get(ATTACH_ENV) else contextlib.nullcontext(NullRun())
+    context = mlflow_run(cfg) if os.environ.get(contract.ATTACH_RUN) else contextlib.nullcontext(NullRun())
     log.info("%s: evaluating checkpoints in %s until step %d", cluster.task, directory, final_step)
     results = {}
     with context as run:

@@ -20,12 +20,11 @@ from typing import Dict, List, Optional
 
 from omegaconf import DictConfig
 
-from runner import layout, procs, stopping
+from runner import contract, layout, procs, stopping
 from runner.errors import ClusterError
-from runner.tracking import ATTACH_ENV, mlflow_run
+from runner.tracking import mlflow_run
 
 log = logging.getLogger("runner")
-LAUNCH_ENV = "RUNNER_LAUNCH_ID"  # marks every process of one launch (tests look for leftovers by it)
 POLL_SEC = 0.2
 
 
@@ -79,15 +78,12 @@ class Task:
     @property
     def is_server(self) -> bool:
         """ps and (under parameter_server) worker tasks only serve; they never end by themselves (runner/layout.py)."""
-        return self.env.get("RUNNER_TASK_ROLE") == layout.SERVER
+        return self.env.get(contract.TASK_ROLE) == layout.SERVER
 
     def start(self, lock: threading.Lock) -> None:
         # A session of its own, so stopping the task stops everything it started; and it dies with the launcher,
         # even a launcher killed with SIGKILL (procs.popen; supervise() calls this from the main thread).
-        self.proc = procs.popen(
-            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            start_new_session=True,
-        )
+        self.proc = contract.start_child(self.argv, self.env, bufsize=1, start_new_session=True)
         log.info("started %s (pid %d)", self.name, self.proc.pid)
         pump = threading.Thread(target=self._pump, args=(self.proc, lock), daemon=True)
         pump.start()
@@ -172,20 +168,17 @@ def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) ->
     if cfg.cluster.evaluator:
         members.append(("evaluator", 0))
     for job, i in members:
-        env = dict(os.environ)
-        env.update({
+        env = contract.child_env(uri, **{
             "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": job, "index": i}}),
-            ATTACH_ENV: run_id,
-            LAUNCH_ENV: launch_id,
-            "PYTHONUNBUFFERED": "1",
-            "MLFLOW_TRACKING_URI": uri,  # not on the command line, where credentials would show in `ps`
-            "RUNNER_TASK_ROLE": layout.task_role(cfg.strategy.name, job),
+            contract.ATTACH_RUN: run_id,
+            contract.LAUNCH_ID: launch_id,
+            contract.TASK_ROLE: layout.task_role(cfg.strategy.name, job),
         })
         run_dir = layout.task_dir(out, job, i)
-        argv = [sys.executable, "-m", "runner", *_task_overrides(overrides),
-                "cluster=tf_config", f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
-                f"hydra.run.dir={run_dir}",
-                f"checkpoint.dir={layout.checkpoint_dir(cfg)}"]
+        argv = contract.runner_command([
+            *_task_overrides(overrides), "cluster=tf_config", f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
+            f"hydra.run.dir={run_dir}", f"checkpoint.dir={layout.checkpoint_dir(cfg)}",
+        ])
         tasks.append(Task(job, i, argv, env, run_dir))
     return tasks
 
@@ -202,7 +195,7 @@ def _checkpoint_note(cfg) -> str:
 
 
 def _trainers(tasks: List[Task]) -> List[Task]:
-    return [t for t in tasks if t.env.get("RUNNER_TASK_ROLE") == layout.TRAINER]
+    return [t for t in tasks if t.env.get(contract.TASK_ROLE) == layout.TRAINER]
 
 
 def supervise(tasks: List[Task], cfg) -> None:

@@ -10,15 +10,13 @@ report is written and the sweep exits non-zero if any job failed.
 import json
 import logging
 import os
-import subprocess
 import sys
 from typing import Any, List
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner import procs
-from runner.tracking import JOB_ENV, PARENT_ENV
+from runner import contract
 
 log = logging.getLogger("runner")
 STATE_DIR = ".runner"  # inside the sweep directory: parent run id, job count, job results
@@ -50,16 +48,15 @@ def run_sweep_job(cfg: DictConfig) -> int:
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
     log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(overrides) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=cfg_uri(cfg), **{JOB_ENV: str(num)})
+    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})
     parent = _state(sweep_dir, "parent_run_id")
     if os.path.exists(parent):
-        env[PARENT_ENV] = open(parent).read().strip()
+        env[contract.PARENT_RUN] = open(parent).read().strip()
     # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
     # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
-    argv = [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
-    # procs.popen: the job dies with this process, even on SIGKILL (Hydra's launchers call this task function
-    # from their main thread: the basic launcher's, or a joblib worker process's)
-    proc = procs.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
+    # thread: the basic launcher's, or a joblib worker process's).
+    proc = contract.start_child(contract.runner_command([*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]), env)
     tail: List[str] = []
     for line in proc.stdout:
         sys.stdout.write(f"[{label}] {line}")
@@ -69,7 +66,7 @@ def run_sweep_job(cfg: DictConfig) -> int:
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
     if code:
         status["error"] = "".join(tail)
-        _record_failed_start(cfg, job_dir, env.get(PARENT_ENV), num, overrides, status["error"])
+        _record_failed_start(cfg, job_dir, env.get(contract.PARENT_RUN), num, overrides, status["error"])
         log.error("job %s failed (exit code %d); the sweep goes on", label, code)
     with open(_state(sweep_dir, f"job-{num}.json"), "w") as f:
         json.dump(status, f)

@@ -16,6 +16,7 @@ from typing import Dict, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from runner import contract
 from runner.errors import ConfigError
 from runner.redact import is_secret_name, redact_uri
 from runner.mlflow_pipe import Pipe, PipeError
@@ -55,9 +56,6 @@ def flatten(node, prefix: str = "") -> Dict[str, str]:
 
 
 RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
-ATTACH_ENV = "RUNNER_MLFLOW_RUN_ID"  # set by the localhost launcher: tasks log into its run
-PARENT_ENV = "RUNNER_PARENT_RUN_ID"  # set for the jobs of a sweep (runner/sweep.py): nest under it
-JOB_ENV = "RUNNER_SWEEP_JOB"
 __all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "resolve_tracking_uri", "flatten", "env_tags"]
 
 _prestarted: Dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
@@ -119,7 +117,7 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
 
     A new run gets the composed config as params and artifacts. A run id saved in the output directory
     (a rerun or resume=<dir>) continues that run, after delivering what an earlier attempt left in its
-    outbox. Under the localhost launcher, tasks attach to the launcher's run (RUNNER_MLFLOW_RUN_ID) and
+    outbox. Under the localhost launcher, tasks attach to the launcher's run (runner/contract.py) and
     leave ending it to the launcher. Secrets never reach params, tags or logs (runner/redact.py).
     """
     from runner.stopping import Stopped
@@ -156,13 +154,13 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
 
 def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
     """Continue, attach to, or create the run (in the MLflow process); a new run's id is saved beside its outputs."""
-    attached = os.environ.get(ATTACH_ENV)
+    attached = os.environ.get(contract.ATTACH_RUN)
     resumed = None if attached else _saved_run_id(cfg.output_dir)
     tags = {"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name,
             "cluster.name": cfg.cluster.name, **env_tags()}
     try:
         started = pipe.start(cfg=OmegaConf.to_container(cfg, resolve=True), overrides=list(overrides), attached=attached,
-                             resumed=resumed, parent=os.environ.get(PARENT_ENV), job=os.environ.get(JOB_ENV), tags=tags)
+                             resumed=resumed, parent=os.environ.get(contract.PARENT_RUN), job=os.environ.get(contract.SWEEP_JOB), tags=tags)
     except PipeError as err:
         raise ConfigError(f"MLflow at {redact_uri(uri)} could not start the run ({err}); nothing was trained. Check "
                           "mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false.") from None

@@ -13,7 +13,7 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-from runner import launcher, procs, schema, stopping
+from runner import contract, launcher, procs, schema, stopping
 from runner.errors import ClusterError
 from runner.launcher import TaskPreempted
 
@@ -120,12 +120,12 @@ def test_every_task_gets_its_tf_config_run_directory_and_the_launchs_run(tmp_pat
     assert [t.name for t in tasks] == ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
     spec = json.loads(tasks[0].env["TF_CONFIG"])["cluster"]
     assert {job: len(addrs) for job, addrs in spec.items()} == {"chief": 1, "worker": 2, "ps": 1}
-    launch_ids = {t.env[launcher.LAUNCH_ENV] for t in tasks}
+    launch_ids = {t.env[contract.LAUNCH_ID] for t in tasks}
     assert len(launch_ids) == 1 and len(launch_ids.pop()) == 32  # one launch, one marker for all its processes
     for t in tasks:
         tf_config = json.loads(t.env["TF_CONFIG"])
         assert tf_config == {"cluster": spec, "task": {"type": t.type, "index": t.index}}
-        assert t.env[launcher.ATTACH_ENV] == "run-123"
+        assert t.env[contract.ATTACH_RUN] == "run-123"
         assert t.env["MLFLOW_TRACKING_URI"] == "http://u:secret@h" and not any("secret" in a for a in t.argv)
         assert t.env["PYTHONUNBUFFERED"] == "1"
         assert t.run_dir == os.path.join(str(tmp_path), f"{t.type}-{t.index}")
