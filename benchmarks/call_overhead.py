@@ -50,10 +50,16 @@ def main(argv=None):
     one = tf.constant(1)
     concrete = loop.get_concrete_function(iterator, one)
     runner_call = concrete_per_iterator(loop)
-    ways = {"tf.function": lambda: loop(iterator, one), "concrete function": lambda: concrete(iterator, one),
-            "runner (concrete_per_iterator)": lambda: runner_call(iterator, one)}
+    ways = {
+        "tf.function": lambda: loop(iterator, one),
+        "concrete function": lambda: concrete(iterator, one),
+        "runner (concrete_per_iterator)": lambda: runner_call(iterator, one),
+    }
     times = time_in_chunks(ways, args.rounds, args.calls, warmup=100)
-    print(f"{args.strategy}, {strategy.num_replicas_in_sync} replica(s): {args.rounds} rounds of {args.calls} calls, one near-empty step each")
+    print(
+        f"{args.strategy}, {strategy.num_replicas_in_sync} replica(s): {args.rounds} rounds of {args.calls} calls, "
+        "one near-empty step each"
+    )
     print_table("call", times, "tf.function", "tf.function")
 
 

@@ -39,8 +39,16 @@ def make_strategy(name: str, logical_cpus: int):
     return tf.distribute.get_strategy()
 
 
-def train(strategy_name="default", executor="fit", logical_cpus=1, global_batch=256, steps=1000, steps_per_call=1,
-          examples=4096, save=None) -> dict:
+def train(
+    strategy_name="default",
+    executor="fit",
+    logical_cpus=1,
+    global_batch=256,
+    steps=1000,
+    steps_per_call=1,
+    examples=4096,
+    save=None,
+) -> dict:
     """One training run written the way the guide teaches; {"examples_per_sec": ..., "train_sec": ...}."""
     import numpy as np
     import tensorflow as tf
@@ -52,18 +60,33 @@ def train(strategy_name="default", executor="fit", logical_cpus=1, global_batch=
     x = rng.standard_normal((examples, 20)).astype(np.float32)
     y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int32)
     gbs = global_batch
-    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(examples, seed=0).repeat()
-               .batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(examples, seed=0)
+        .repeat()
+        .batch(gbs, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input(shape=(20,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)])
+        model = keras.Sequential(
+            [
+                keras.layers.Input(shape=(20,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(4),
+            ]
+        )
         optimizer = keras.optimizers.SGD(learning_rate=0.05)
     if executor == "fit":
         with strategy.scope():
             # accuracy too: the runner tracks it for classification, so both sides do the same work
-            model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"], steps_per_execution=steps_per_call)
+            model.compile(
+                optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+                steps_per_execution=steps_per_call,
+            )
         ended = []
         # on_train_end only: no batch-level hook, so Keras runs none of its per-batch callback machinery
         timer = keras.callbacks.LambdaCallback(on_train_end=lambda logs: ended.append(time.perf_counter()))
@@ -114,8 +137,20 @@ def main():
     p.add_argument("--save", default=None, help="a directory: save model.keras there at the end")
     args = p.parse_args()
     setup_devices(args.logical_cpus)
-    print(json.dumps(train(args.strategy, args.executor, args.logical_cpus, args.global_batch, args.steps,
-                           args.steps_per_call, args.examples, args.save)))
+    print(
+        json.dumps(
+            train(
+                args.strategy,
+                args.executor,
+                args.logical_cpus,
+                args.global_batch,
+                args.steps,
+                args.steps_per_call,
+                args.examples,
+                args.save,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ def time_in_chunks(calls, rounds: int, per_chunk: int, warmup: int):
             calls[name]()
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             chunk = []
             for _ in range(per_chunk):
                 started = time.perf_counter()

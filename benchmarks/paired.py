@@ -41,11 +41,22 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4096, 20)).astype(np.float32)
     y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int32)
-    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(4096, seed=0).repeat()
-               .batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(4096, seed=0)
+        .repeat()
+        .batch(gbs, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input(shape=(20,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)])
+        model = keras.Sequential(
+            [
+                keras.layers.Input(shape=(20,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(4),
+            ]
+        )
         optimizer = keras.optimizers.SGD(learning_rate=0.05)
         per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=keras.losses.Reduction.NONE)
 

@@ -8,8 +8,9 @@ guide-style script (benchmarks/handwritten.py --save: train, then model.save; no
 interleaved with the order rotated, and medians are reported. The runner's own `phases:` line breaks its time
 down (imports, MLflow run creation, build, first step, training, evaluation, save, last MLflow delivery); what
 is left, up to the process's exit, is `exit`. Speed ratios are times inverted: "speed, on / off" is the
-MLflow-off time divided by the MLflow-on time (1.0: tracking costs nothing; above 0.95 is the target). The per-step slope (between --slope-steps and --steps) comes from
-whole-process times only. --end-steps measures how the cost after the last step grows with the run's length.
+MLflow-off time divided by the MLflow-on time (1.0: tracking costs nothing; above 0.95 is the target). The
+per-step slope (between --slope-steps and --steps) comes from whole-process times only. --end-steps measures how
+the cost after the last step grows with the run's length.
 """
 
 import argparse
@@ -22,8 +23,14 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROWS = [("default", 1, "fit"), ("default", 1, "custom_loop"), ("mirrored", 4, "fit"), ("mirrored", 4, "custom_loop"),
-        ("central_storage", 2, "fit"), ("central_storage", 2, "custom_loop")]
+ROWS = [
+    ("default", 1, "fit"),
+    ("default", 1, "custom_loop"),
+    ("mirrored", 4, "fit"),
+    ("mirrored", 4, "custom_loop"),
+    ("central_storage", 2, "fit"),
+    ("central_storage", 2, "custom_loop"),
+]
 AFTER_TRAINING = ("evaluation", "save", "mlflow end", "exit")
 
 
@@ -42,12 +49,26 @@ class Wall:
         return wall, proc.stdout + proc.stderr
 
     def runner(self, strategy, cpus, executor, steps, mlflow=True):
-        wall, out = self._time([
-            sys.executable, "-m", "runner", f"strategy={strategy}", f"executor={executor}", f"devices.logical_cpus={cpus}",
-            f"train.global_batch_size={self.gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}",
-            "data.num_examples=4096", "data.eval_examples=256", "executor.verbose=0",
-            f"hydra.run.dir={self.workdir}/runs/{self.count}", f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
-            "mlflow.experiment_name=wall", f"mlflow.enabled={str(mlflow).lower()}"])
+        wall, out = self._time(
+            [
+                sys.executable,
+                "-m",
+                "runner",
+                f"strategy={strategy}",
+                f"executor={executor}",
+                f"devices.logical_cpus={cpus}",
+                f"train.global_batch_size={self.gbs}",
+                "train.epochs=1",
+                f"train.steps_per_epoch={steps}",
+                "data.num_examples=4096",
+                "data.eval_examples=256",
+                "executor.verbose=0",
+                f"hydra.run.dir={self.workdir}/runs/{self.count}",
+                f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
+                "mlflow.experiment_name=wall",
+                f"mlflow.enabled={str(mlflow).lower()}",
+            ]
+        )
         found = re.search(r"phases: (.*)", out)
         phases = {k: float(v) for k, v in re.findall(r"([a-z ]+) ([0-9.]+)s(?:,|$)", found.group(1).strip())} if found else {}
         phases = {k.strip(): v for k, v in phases.items()}
@@ -56,9 +77,18 @@ class Wall:
 
     def script(self, strategy, cpus, executor, steps):
         save = tempfile.mkdtemp(dir=self.workdir)
-        wall, _ = self._time([sys.executable, os.path.join(HERE, "handwritten.py"), f"--strategy={strategy}",
-                              f"--executor={executor}", f"--logical-cpus={cpus}", f"--global-batch={self.gbs}",
-                              f"--steps={steps}", f"--save={save}"])
+        wall, _ = self._time(
+            [
+                sys.executable,
+                os.path.join(HERE, "handwritten.py"),
+                f"--strategy={strategy}",
+                f"--executor={executor}",
+                f"--logical-cpus={cpus}",
+                f"--global-batch={self.gbs}",
+                f"--steps={steps}",
+                f"--save={save}",
+            ]
+        )
         return wall, {}
 
 
@@ -67,7 +97,7 @@ def interleaved(sides, rounds):
     names = list(sides)
     out = {n: [] for n in names}
     for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+        for n in names[r % len(names) :] + names[: r % len(names)]:
             out[n].append(sides[n]())
     return out
 
@@ -97,23 +127,33 @@ def main(argv=None):
         lines.append(text)
         print(text, flush=True)
 
-    say(f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved round(s), medians")
+    say(
+        f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved "
+        "round(s), medians"
+    )
     say("")
-    say("| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | speed, runner / script | "
-        "after the last step (s) | runner phases, MLflow on (s) |")
+    say(
+        "| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | "
+        "speed, runner / script | after the last step (s) | runner phases, MLflow on (s) |"
+    )
     say("|---|---|---|---|---|---|---|---|---|")
     for strategy, cpus, executor in rows:
-        res = interleaved({
-            "on": lambda: w.runner(strategy, cpus, executor, args.steps),
-            "off": lambda: w.runner(strategy, cpus, executor, args.steps, mlflow=False),
-            "script": lambda: w.script(strategy, cpus, executor, args.steps),
-        }, args.rounds)
+        res = interleaved(
+            {
+                "on": lambda: w.runner(strategy, cpus, executor, args.steps),
+                "off": lambda: w.runner(strategy, cpus, executor, args.steps, mlflow=False),
+                "script": lambda: w.script(strategy, cpus, executor, args.steps),
+            },
+            args.rounds,
+        )
         on, off, script = (statistics.median(t for t, _ in res[k]) for k in ("on", "off", "script"))
         phases = median_phases(res["on"])
         after = sum(phases.get(k, 0.0) for k in AFTER_TRAINING)
         breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
-        say(f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
-            f"{script / on:.3f} | {after:.2f} | {breakdown} |")
+        say(
+            f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
+            f"{script / on:.3f} | {after:.2f} | {breakdown} |"
+        )
     if args.slope_steps:
         say("")
         say(f"Per-step slope from whole-process times, ({args.steps} - {args.slope_steps} steps), medians:")
@@ -121,12 +161,15 @@ def main(argv=None):
         say("| strategy | executor | runner ms/step | script ms/step | speed, runner / script |")
         say("|---|---|---|---|---|")
         for strategy, cpus, executor in [rows[0], rows[-1]]:
-            res = interleaved({
-                "runner long": lambda: w.runner(strategy, cpus, executor, args.steps),
-                "runner short": lambda: w.runner(strategy, cpus, executor, args.slope_steps),
-                "script long": lambda: w.script(strategy, cpus, executor, args.steps),
-                "script short": lambda: w.script(strategy, cpus, executor, args.slope_steps),
-            }, args.rounds)
+            res = interleaved(
+                {
+                    "runner long": lambda: w.runner(strategy, cpus, executor, args.steps),
+                    "runner short": lambda: w.runner(strategy, cpus, executor, args.slope_steps),
+                    "script long": lambda: w.script(strategy, cpus, executor, args.steps),
+                    "script short": lambda: w.script(strategy, cpus, executor, args.slope_steps),
+                },
+                args.rounds,
+            )
             med = {k: statistics.median(t for t, _ in v) for k, v in res.items()}
             span = args.steps - args.slope_steps
             r = 1000 * (med["runner long"] - med["runner short"]) / span
@@ -134,8 +177,10 @@ def main(argv=None):
             say(f"| {strategy} ({cpus}) | {executor} | {r:.3f} | {s:.3f} | {s / r:.3f} |")
     if args.end_steps:
         say("")
-        say("Cost after the last training step (evaluation, save, last MLflow delivery, exit), MLflow on, "
-            f"{rows[-1][0]} {rows[-1][2]}, one run each:")
+        say(
+            "Cost after the last training step (evaluation, save, last MLflow delivery, exit), MLflow on, "
+            f"{rows[-1][0]} {rows[-1][2]}, one run each:"
+        )
         say("")
         say("| steps | after the last step (s) | of which MLflow's last delivery (s) |")
         say("|---|---|---|")
@@ -148,8 +193,12 @@ def main(argv=None):
         from benchmarks.run import machine
 
         with open(out, "w") as f:
-            f.write("# Whole-process benchmarks (`python -m benchmarks.wall`)\n\n" + f"Machine: {machine()}.\n\n"
-                    + "\n".join(lines) + "\n")
+            f.write(
+                "# Whole-process benchmarks (`python -m benchmarks.wall`)\n\n"
+                + f"Machine: {machine()}.\n\n"
+                + "\n".join(lines)
+                + "\n"
+            )
         print(f"wrote {out}")
 
 

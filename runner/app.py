@@ -8,8 +8,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import contract, schema
 from runner.errors import RunnerError
-from runner.stopping import Stopped
 from runner.probes import writable_dir_problem
+from runner.stopping import Stopped
 from runner.validate import validate
 
 schema.register()
@@ -28,14 +28,18 @@ def output_dir_problem(argv) -> str:
     sweep = "-m" in argv or "--multirun" in argv
     keys = ("hydra.sweep.dir=",) if sweep else ("hydra.run.dir=", "resume=")
     given = [a.split("=", 1) for a in argv if a.startswith(keys)]
-    default = ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
+    default = (
+        ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
+    )
     key, path = given[-1] if given else default
     if key == "resume":
         return ""  # validated later: it must be an output directory of the runner
     problem = writable_dir_problem(path)  # the probe validate.py uses for output and checkpoint directories
     if problem:
-        return (f"{key}={path} cannot be used as the run's output directory ({problem}). "
-                "Point it at a directory you can write, or run from one.")
+        return (
+            f"{key}={path} cannot be used as the run's output directory ({problem}). "
+            "Point it at a directory you can write, or run from one."
+        )
     return ""
 
 
@@ -61,8 +65,11 @@ def main(cfg: DictConfig) -> None:
 
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         if os.environ.get(contract.SWEEP_JOB):  # the sweep passes hydra.mode=RUN; this is the backstop against a fork bomb
-            print("Error: a job of a sweep was started as a sweep itself (hydra.mode=MULTIRUN); refusing to start "
-                  "another level of jobs. Remove hydra.mode from the job's overrides.", file=sys.stderr)
+            print(
+                "Error: a job of a sweep was started as a sweep itself (hydra.mode=MULTIRUN); refusing to start "
+                "another level of jobs. Remove hydra.mode from the job's overrides.",
+                file=sys.stderr,
+            )
             sys.exit(2)
         from runner.sweep import run_sweep_job  # each job in a fresh process: devices are per process
 
@@ -72,7 +79,11 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except Stopped as err:
         launched = os.environ.get(contract.ATTACH_RUN)  # a task of cluster=localhost: the launcher says what to do next
-        hint = f" Continue with: python -m runner <same overrides> resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
+        hint = (
+            f" Continue with: python -m runner <same overrides> resume={cfg.output_dir}"
+            if cfg.output_dir and not launched
+            else ""
+        )
         marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
         print(f"Stopped: {err}{marked}{hint}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from typing import List, Optional
 
 from runner.errors import ConfigError, TrainingError
 
@@ -34,14 +33,14 @@ class Checkpoints:
         self.manager = tf.train.CheckpointManager(self._ckpt, self._scratch or directory, max_to_keep=max_to_keep)
 
     @property
-    def last_step(self) -> Optional[int]:
+    def last_step(self) -> int | None:
         """The step of the latest checkpoint on disk, or None."""
         import tensorflow as tf
 
         latest = tf.train.latest_checkpoint(self.directory)
         return int(latest.rsplit("-", 1)[-1]) if latest else None
 
-    def _on_disk(self) -> List[str]:
+    def _on_disk(self) -> list[str]:
         """Checkpoint prefixes in the directory, newest step first, found by their files rather than through the
         `checkpoint` index file: a damaged or missing index must not restart training from step 0."""
         steps = {}
@@ -52,7 +51,7 @@ class Checkpoints:
                 steps[prefix] = int(tail)
         return sorted(steps, key=steps.get, reverse=True)
 
-    def _indexed(self) -> Optional[str]:
+    def _indexed(self) -> str | None:
         import tensorflow as tf
 
         try:
@@ -68,8 +67,11 @@ class Checkpoints:
             return 0
         indexed = self._indexed()
         if indexed is None or os.path.abspath(indexed) != os.path.abspath(candidates[0]):
-            log.warning("the checkpoint index %s is damaged or missing, or does not name the newest checkpoint; using the "
-                        "checkpoint files in the directory instead", os.path.join(self.directory, "checkpoint"))
+            log.warning(
+                "the checkpoint index %s is damaged or missing, or does not name the newest checkpoint; using the "
+                "checkpoint files in the directory instead",
+                os.path.join(self.directory, "checkpoint"),
+            )
         damaged = []
         for prefix in candidates:
             try:
@@ -79,8 +81,12 @@ class Checkpoints:
                 continue
             if damaged or indexed is None or os.path.abspath(indexed) != os.path.abspath(prefix):
                 if damaged:
-                    log.warning("checkpoint(s) in %s could not be read: %s; resuming from the previous good one, %s",
-                                self.directory, "; ".join(damaged), os.path.basename(prefix))
+                    log.warning(
+                        "checkpoint(s) in %s could not be read: %s; resuming from the previous good one, %s",
+                        self.directory,
+                        "; ".join(damaged),
+                        os.path.basename(prefix),
+                    )
                 self._point_index_at(prefix, candidates)
             return int(self.step.numpy())
         raise ConfigError(
@@ -88,16 +94,20 @@ class Checkpoints:
             "that directory (or the whole directory, to train from step 0), then run again."
         )
 
-    def _point_index_at(self, good: str, candidates: List[str]) -> None:
+    def _point_index_at(self, good: str, candidates: list[str]) -> None:
         """The chief rewrites the index so that TensorFlow's own readers (the preemption handler restores the
         manager's latest checkpoint) start from the good checkpoint too, not from a damaged or unlisted one."""
         if self._scratch:
             return
         import tensorflow as tf
 
-        kept = list(reversed(candidates[candidates.index(good):]))[-self.manager._max_to_keep:]  # oldest first
-        tf.compat.v1.train.update_checkpoint_state(self.directory, good, all_model_checkpoint_paths=kept,
-                                                   all_model_checkpoint_timestamps=[os.path.getmtime(p + ".index") for p in kept])
+        kept = list(reversed(candidates[candidates.index(good) :]))[-self.manager._max_to_keep :]  # oldest first
+        tf.compat.v1.train.update_checkpoint_state(
+            self.directory,
+            good,
+            all_model_checkpoint_paths=kept,
+            all_model_checkpoint_timestamps=[os.path.getmtime(p + ".index") for p in kept],
+        )
         self.manager = tf.train.CheckpointManager(self._ckpt, self.directory, max_to_keep=self.manager._max_to_keep)
 
     def weights_finite(self) -> bool:

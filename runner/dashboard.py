@@ -20,8 +20,22 @@ QUIET_UVICORN = "--no-access-log --log-level warning"  # uvicorn's own flags, pa
 
 
 def server_command(uri: str, host: str, port: int, verbose: bool = False):
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--registry-store-uri", uri,
-           "--host", host, "--port", str(port), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--registry-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     return cmd if verbose else cmd + ["--uvicorn-opts", QUIET_UVICORN]
 
 
@@ -96,14 +110,21 @@ def main(argv=None) -> int:
     from runner.tracking import resolve_tracking_uri
 
     parser = argparse.ArgumentParser(prog="python -m runner.dashboard", description=__doc__.splitlines()[0])
-    parser.add_argument("--tracking-uri", default=None,
-                        help="store to show (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    parser.add_argument(
+        "--tracking-uri", default=None, help="store to show (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=5000)
-    parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SEC",
-                        help="give up if the server does not answer within SEC seconds (default 120)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show the server's own output: a line per HTTP request, start-up logs, warnings")
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=120.0,
+        metavar="SEC",
+        help="give up if the server does not answer within SEC seconds (default 120)",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the server's own output: a line per HTTP request, start-up logs, warnings"
+    )
     args = parser.parse_args(argv)
     uri = args.tracking_uri or resolve_tracking_uri(None)
     if uri.startswith("http"):
@@ -112,8 +133,10 @@ def main(argv=None) -> int:
 
     problem = port_problem(args.host, args.port)
     if problem:
-        print(f"Error: cannot serve on {args.host}:{args.port} ({problem}). "
-              f"Pass another --port, e.g. --port {args.port + 1}.", file=sys.stderr)
+        print(
+            f"Error: cannot serve on {args.host}:{args.port} ({problem}). Pass another --port, e.g. --port {args.port + 1}.",
+            file=sys.stderr,
+        )
         return 2
 
     def stop(signum, _frame):
@@ -127,16 +150,22 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         print(f"Starting the MLflow UI for {redact_uri(uri)} ...", flush=True)  # the address only once it answers
-        proc = subprocess.Popen(server_command(uri, args.host, args.port, args.verbose), env=server_env(args.verbose),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            server_command(uri, args.host, args.port, args.verbose), env=server_env(args.verbose), start_new_session=True
+        )
         state = wait_until_up(proc, probe_address(args.host, args.port), args.start_timeout)
         if state == "exited":
-            print(f"Error: the MLflow server exited (code {proc.returncode}) before it answered on {address}; "
-                  "its output is above.", file=sys.stderr)
+            print(
+                f"Error: the MLflow server exited (code {proc.returncode}) before it answered on {address}; its output is above.",
+                file=sys.stderr,
+            )
             return proc.returncode or 1
         if state == "timeout":
-            print(f"Error: the MLflow server did not answer on {address} within {args.start_timeout:g} s; stopped it. "
-                  "Retry with --start-timeout 300, or --verbose to see its output.", file=sys.stderr)
+            print(
+                f"Error: the MLflow server did not answer on {address} within {args.start_timeout:g} s; stopped it. "
+                "Retry with --start-timeout 300, or --verbose to see its output.",
+                file=sys.stderr,
+            )
             return 1
         print(f"MLflow UI: {address}/{VIEW} (Ctrl-C stops it)", flush=True)
         proc.wait()

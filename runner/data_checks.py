@@ -6,7 +6,6 @@ memory estimate before TensorFlow is imported, for the sources whose sizes the c
 """
 
 import os
-from typing import Optional
 
 import numpy as np
 
@@ -29,7 +28,8 @@ def check_array(a, name: str, where: str, *, features: bool) -> None:
     if a.dtype.kind not in "biuf":
         raise ConfigError(
             f"{where}: array {name!r} holds {a.dtype} values ({_kind(a.dtype)}); training needs numbers (int, uint, "
-            "float or bool). Convert it with .astype('float32') (or 'int64' for class labels) before saving.")
+            "float or bool). Convert it with .astype('float32') (or 'int64' for class labels) before saving."
+        )
     if a.ndim == 0:
         raise ConfigError(f"{where}: array {name!r} is a single value (shape ()); it needs one row per example.")
     if len(a) == 0:
@@ -37,7 +37,8 @@ def check_array(a, name: str, where: str, *, features: bool) -> None:
     if features and a.ndim < 2:
         raise ConfigError(
             f"{where}: array {name!r} has shape {_shape(a)}, one number per example but no feature axis; reshape it "
-            f"to ({len(a)}, 1) (x.reshape(-1, 1)) or ({len(a)}, num_features).")
+            f"to ({len(a)}, 1) (x.reshape(-1, 1)) or ({len(a)}, num_features)."
+        )
     if 0 in a.shape[1:]:
         raise ConfigError(f"{where}: array {name!r} has shape {_shape(a)}: its examples have no values.")
     if a.dtype.kind == "f":
@@ -46,12 +47,20 @@ def check_array(a, name: str, where: str, *, features: bool) -> None:
             index = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ConfigError(
                 f"{where}: array {name!r} holds {int(bad.sum())} non-finite value(s) (NaN or inf), the first "
-                f"{a[index]} at index {list(index)}; training on them makes the loss NaN. Drop or fill those rows.")
+                f"{a[index]} at index {list(index)}; training on them makes the loss NaN. Drop or fill those rows."
+            )
 
 
 def _kind(dtype) -> str:
-    return {"U": "text", "S": "bytes", "O": "Python objects", "V": "records", "c": "complex numbers",
-            "M": "dates", "m": "time spans"}.get(dtype.kind, "not numbers")
+    return {
+        "U": "text",
+        "S": "bytes",
+        "O": "Python objects",
+        "V": "records",
+        "c": "complex numbers",
+        "M": "dates",
+        "m": "time spans",
+    }.get(dtype.kind, "not numbers")
 
 
 def check_pair(x, y, x_name: str, y_name: str, where: str) -> None:
@@ -60,10 +69,11 @@ def check_pair(x, y, x_name: str, y_name: str, where: str) -> None:
         raise ConfigError(
             f"{where}: {x_name!r} has {len(x)} examples but {y_name!r} has {len(y)}; every example needs exactly one "
             f"label, so they must have the same length (first axis). {longer!r} is longer: check that both come from the "
-            "same rows.")
+            "same rows."
+        )
 
 
-def check_data(data, where: str, names: Optional[dict] = None) -> None:
+def check_data(data, where: str, names: dict | None = None) -> None:
     """A loaded ArrayData (runner/datasets.py): every array, lengths, train/eval shapes, labels for the task."""
     names = {"x_train": "x_train", "y_train": "y_train", "x_eval": "x_eval", "y_eval": "y_eval", **(names or {})}
     for key in ("x_train", "y_train", "x_eval", "y_eval"):
@@ -74,17 +84,20 @@ def check_data(data, where: str, names: Optional[dict] = None) -> None:
         raise ConfigError(
             f"{where}: training and eval examples differ in shape: {names['x_train']!r} has {data.x_train.shape[1:]} per "
             f"example, {names['x_eval']!r} has {data.x_eval.shape[1:]}. The model takes one input shape; give both the same "
-            "features.")
+            "features."
+        )
     if data.y_train.shape[1:] != data.y_eval.shape[1:]:
         raise ConfigError(
             f"{where}: training and eval labels differ in shape: {names['y_train']!r} has {data.y_train.shape[1:]} per "
-            f"example, {names['y_eval']!r} has {data.y_eval.shape[1:]}.")
+            f"example, {names['y_eval']!r} has {data.y_eval.shape[1:]}."
+        )
     if data.task == "classification":
         check_labels(data, where, names)
     elif data.y_train.ndim > 2:
         raise ConfigError(
             f"{where}: data.task=regression needs targets of shape (n,) or (n, outputs); {names['y_train']!r} has shape "
-            f"{_shape(data.y_train)}. Flatten each example's targets.")
+            f"{_shape(data.y_train)}. Flatten each example's targets."
+        )
 
 
 def check_labels(data, where: str, names: dict) -> None:
@@ -93,31 +106,38 @@ def check_labels(data, where: str, names: dict) -> None:
         if y.dtype.kind not in "biu":
             raise ConfigError(
                 f"{where}: data.task=classification needs integer class labels in {names[key]!r}, got {y.dtype}. "
-                "Use data.task=regression for real-valued targets, or convert the labels to class indices 0..K-1.")
+                "Use data.task=regression for real-valued targets, or convert the labels to class indices 0..K-1."
+            )
         if y.ndim > 2 or (y.ndim == 2 and y.shape[1] != 1):
             raise ConfigError(
                 f"{where}: data.task=classification needs one class index per example in {names[key]!r} (shape (n,) or "
-                f"(n, 1)); it has shape {_shape(y)}. One-hot labels? Save y.argmax(axis=1) instead.")
+                f"(n, 1)); it has shape {_shape(y)}. One-hot labels? Save y.argmax(axis=1) instead."
+            )
         low, high = int(y.min()), int(y.max())
         if low < 0:
             raise ConfigError(
                 f"{where}: {names[key]!r} holds the label {low}; class labels must be 0..num_classes-1. Map them to "
-                "class indices first (np.unique(y, return_inverse=True)[1]).")
+                "class indices first (np.unique(y, return_inverse=True)[1])."
+            )
         if high >= MAX_CLASSES:
             raise ConfigError(
                 f"{where}: {names[key]!r} holds the label {high}: a model would need {high + 1} outputs. Class labels must be "
-                "indices 0..num_classes-1; map ids to indices first (np.unique(y, return_inverse=True)[1]).")
+                "indices 0..num_classes-1; map ids to indices first (np.unique(y, return_inverse=True)[1])."
+            )
         if data.num_classes is not None and high >= data.num_classes:
-            raise ConfigError(f"{where}: {names[key]!r} holds the label {high}, but there are {data.num_classes} classes "
-                              f"(labels 0..{data.num_classes - 1}).")
+            raise ConfigError(
+                f"{where}: {names[key]!r} holds the label {high}, but there are {data.num_classes} classes "
+                f"(labels 0..{data.num_classes - 1})."
+            )
     if data.num_classes is not None and data.num_classes < 2:
         raise ConfigError(
             f"{where}: data.task=classification needs at least two classes, but every label in {names['y_train']!r} and "
-            f"{names['y_eval']!r} is 0. Check the labels, or use data.task=regression.")
+            f"{names['y_eval']!r} is 0. Check the labels, or use data.task=regression."
+        )
 
 
 # --- memory ---
-def available_memory() -> Optional[int]:
+def available_memory() -> int | None:
     """Bytes this process can still allocate: MemAvailable, capped by a cgroup limit; None if unknown."""
     found = []
     try:
@@ -130,8 +150,10 @@ def available_memory() -> Optional[int]:
             found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
         except (ValueError, OSError, AttributeError):
             pass
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             with open(limit_file) as f:
                 limit = f.read().strip()
@@ -148,7 +170,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
 
 
-def check_batch_memory(global_batch_size: int, example_bytes: int, where: str, available: Optional[int] = None) -> None:
+def check_batch_memory(global_batch_size: int, example_bytes: int, where: str, available: int | None = None) -> None:
     """Refuse a global batch whose memory clearly does not fit (the data repeat, so a batch can exceed the data)."""
     available = available_memory() if available is None else available
     if available is None:
@@ -159,11 +181,13 @@ def check_batch_memory(global_batch_size: int, example_bytes: int, where: str, a
         raise ConfigError(
             f"train.global_batch_size={global_batch_size} would need about {_gib(need)} of memory ({global_batch_size} "
             f"examples x ({BATCH_COPIES} copies x {example_bytes} bytes + ~{ACTIVATION_BYTES} bytes of activations)) with "
-            f"{where}, but this machine has {_gib(available)} available. Use a global batch of at most ~{fits}.")
+            f"{where}, but this machine has {_gib(available)} available. Use a global batch of at most ~{fits}."
+        )
 
 
-def check_data_memory(key: str, value: int, num_examples: int, example_bytes: int, where: str,
-                      available: Optional[int] = None) -> None:
+def check_data_memory(
+    key: str, value: int, num_examples: int, example_bytes: int, where: str, available: int | None = None
+) -> None:
     """Refuse generating data that clearly does not fit in memory (`key=value` is the setting that makes it big)."""
     available = available_memory() if available is None else available
     if available is None:
@@ -174,4 +198,5 @@ def check_data_memory(key: str, value: int, num_examples: int, example_bytes: in
         raise ConfigError(
             f"{key}={value} would need about {_gib(need)} of memory for {where} ({num_examples} examples in all x "
             f"{example_bytes} bytes x {DATA_COPIES} copies), but this machine has {_gib(available)} available. "
-            f"Use at most ~{fits} examples in all.")
+            f"Use at most ~{fits} examples in all."
+        )

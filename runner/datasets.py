@@ -5,7 +5,6 @@ No TensorFlow here; runner/builders/data.py turns these arrays into (distributed
 
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -20,7 +19,7 @@ class ArrayData:
     x_eval: np.ndarray
     y_eval: np.ndarray
     task: str  # classification | regression
-    num_classes: Optional[int] = None
+    num_classes: int | None = None
 
     @property
     def input_shape(self):
@@ -81,8 +80,10 @@ def _read_npz(cfg) -> dict:
     except Exception as err:  # corrupt, not an npz...
         raise ConfigError(f"{where} could not be read as a .npz file: {err}") from None
     if not isinstance(f, np.lib.npyio.NpzFile):  # a plain .npy: one array, no names
-        raise ConfigError(f"{where} is a single .npy array, not a .npz archive of named arrays; save it with "
-                          "np.savez(path, x_train=..., y_train=...).")
+        raise ConfigError(
+            f"{where} is a single .npy array, not a .npz archive of named arrays; save it with "
+            "np.savez(path, x_train=..., y_train=...)."
+        )
     with f:
         missing = [k for k in (cfg.x_train, cfg.y_train) if k not in f.files]
         if missing:
@@ -95,14 +96,17 @@ def _read_npz(cfg) -> dict:
             absent = cfg.y_eval if present[0] == cfg.x_eval else cfg.x_eval
             raise ConfigError(
                 f"{where} has the eval array {present[0]!r} but not {absent!r}; give both (or neither: then "
-                f"data.eval_fraction={cfg.eval_fraction} of the training arrays is held out).")
+                f"data.eval_fraction={cfg.eval_fraction} of the training arrays is held out)."
+            )
         arrays = {}
         for name in (cfg.x_train, cfg.y_train, *present):
             try:
                 arrays[name] = f[name]
             except Exception as err:  # pickled objects (allow_pickle=False), a truncated member...
-                raise ConfigError(f"{where}: array {name!r} could not be read ({err}). Save plain numeric arrays "
-                                  "(no Python objects) with np.savez.") from None
+                raise ConfigError(
+                    f"{where}: array {name!r} could not be read ({err}). Save plain numeric arrays "
+                    "(no Python objects) with np.savez."
+                ) from None
     return arrays
 
 
@@ -122,20 +126,30 @@ def npz(cfg) -> ArrayData:
         splits = (x, y, x_eval, y_eval)
     else:
         if len(x) < 2:
-            raise ConfigError(f"{where}: {cfg.x_train!r} has {len(x)} example; holding out data.eval_fraction of it "
-                              f"needs 2 or more (or give {cfg.x_eval!r} and {cfg.y_eval!r}).")
+            raise ConfigError(
+                f"{where}: {cfg.x_train!r} has {len(x)} example; holding out data.eval_fraction of it "
+                f"needs 2 or more (or give {cfg.x_eval!r} and {cfg.y_eval!r})."
+            )
         splits = _split(x, y, cfg.eval_fraction, cfg.seed)
     x_train, x_eval = splits[0].astype(np.float32), splits[2].astype(np.float32)
     if cfg.task == "classification":
         for name, labels in ((cfg.y_train, y), (cfg.y_eval, splits[3])):
             if labels.dtype.kind not in "biu":
-                raise ConfigError(f"data.task=classification needs integer labels in {name!r} of {where}; got {labels.dtype}. "
-                                  "Use data.task=regression.")
+                raise ConfigError(
+                    f"data.task=classification needs integer labels in {name!r} of {where}; got {labels.dtype}. "
+                    "Use data.task=regression."
+                )
         y_all = np.concatenate([splits[1].ravel(), splits[3].ravel()])
         if y_all.min() < 0 or y_all.max() >= data_checks.MAX_CLASSES:  # named and explained by check_data
             return ArrayData(x_train, splits[1], x_eval, splits[3], task="classification")
-        return ArrayData(x_train, splits[1].astype(np.int32), x_eval, splits[3].astype(np.int32), task="classification",
-                         num_classes=int(y_all.max()) + 1)
+        return ArrayData(
+            x_train,
+            splits[1].astype(np.int32),
+            x_eval,
+            splits[3].astype(np.int32),
+            task="classification",
+            num_classes=int(y_all.max()) + 1,
+        )
     return ArrayData(x_train, splits[1].astype(np.float32), x_eval, splits[3].astype(np.float32), task="regression")
 
 

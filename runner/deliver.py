@@ -31,8 +31,10 @@ def not_a_run_dir(directory: str):
     if any(os.path.exists(os.path.join(directory, marker.rstrip("/"))) for marker in RUN_MARKERS):
         return None
     if os.path.isfile(os.path.join(directory, "multirun.yaml")):
-        jobs = sorted((name for name in os.listdir(directory) if outbox.exists(os.path.join(directory, name))),
-                      key=lambda name: (len(name), name))
+        jobs = sorted(
+            (name for name in os.listdir(directory) if outbox.exists(os.path.join(directory, name))),
+            key=lambda name: (len(name), name),
+        )
         pending = ", ".join(os.path.join(directory, name) for name in jobs) if jobs else "none of its jobs has one"
         return f"{directory} is a sweep directory: pass one of its job directories (with {outbox.FILE}: {pending})."
     return f"{directory} is not a runner output directory (it has none of {', '.join(RUN_MARKERS)}): {instead}."
@@ -56,8 +58,10 @@ def main(argv=None) -> int:
     uri = resolve_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or _run_uri(args.output_dir))
     problem = tracking_problem(uri)
     if problem:
-        print(f"Error: MLflow at {redact_uri(uri)} is unreachable ({problem}); the outbox is kept. Try again when it is up.",
-              file=sys.stderr)
+        print(
+            f"Error: MLflow at {redact_uri(uri)} is unreachable ({problem}); the outbox is kept. Try again when it is up.",
+            file=sys.stderr,
+        )
         return 2
     from mlflow import MlflowClient
 

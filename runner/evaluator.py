@@ -42,8 +42,7 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
             metrics = {f"sidecar/eval_{k}": float(v) for k, v in results.items()}
             run.log_metrics(metrics, int(step.numpy()))
             run.flush()
-            log.info("%s: step %d %s", cluster.task, int(step.numpy()),
-                     ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+            log.info("%s: step %d %s", cluster.task, int(step.numpy()), ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
             if int(step.numpy()) >= final_step:
                 break
     return results

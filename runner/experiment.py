@@ -50,8 +50,11 @@ def _import_tensorflow(devices_cfg):
 def serve(tf, cluster) -> dict:
     """A ps or parameter-server worker task: run a tf.distribute.Server until stopped."""
     server = tf.distribute.Server(
-        cluster.resolver.cluster_spec(), job_name=cluster.task_type, task_index=cluster.task_id,
-        protocol=cluster.resolver.rpc_layer or "grpc", start=True,
+        cluster.resolver.cluster_spec(),
+        job_name=cluster.task_type,
+        task_index=cluster.task_id,
+        protocol=cluster.resolver.rpc_layer or "grpc",
+        start=True,
     )
     log.info("%s serving at %s", cluster.task, server.target.decode() if isinstance(server.target, bytes) else server.target)
     server.join()
@@ -88,8 +91,9 @@ def run_experiment(cfg: DictConfig) -> dict:
         phases.mark("mlflow start")
         summary = _train(cfg, tf, devices, cluster, run, sentinel)
         # The process's clock so far, phase by phase (the last phase, ending the run, is only in the log line).
-        run.log_metrics({f"time/phase/{name.replace(' ', '_')}_sec": sec for name, sec in phases.durations().items()},
-                        summary["steps"])
+        run.log_metrics(
+            {f"time/phase/{name.replace(' ', '_')}_sec": sec for name, sec in phases.durations().items()}, summary["steps"]
+        )
     phases.mark("mlflow end")  # the last metrics delivered, the run ended
     log.info(phases.summary())
     return summary
@@ -111,17 +115,24 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
     replicas = strategy.num_replicas_in_sync
     placed = strategy_devices(strategy, devices)
-    log.info("%s%s with %d replica(s) on %s", f"{cluster.task}: " if cluster.task_type else "",
-             type(strategy).__name__, replicas, ", ".join(placed))
-    run.set_tags({
-        "strategy": type(strategy).__name__,
-        "num_replicas_in_sync": replicas,
-        "num_workers": cluster.num_workers,
-        "devices": ",".join(placed),
-        "tensorflow_version": tf.__version__,
-        "tf_keras_version": tf_keras.__version__,
-        "python_version": platform.python_version(),
-    })
+    log.info(
+        "%s%s with %d replica(s) on %s",
+        f"{cluster.task}: " if cluster.task_type else "",
+        type(strategy).__name__,
+        replicas,
+        ", ".join(placed),
+    )
+    run.set_tags(
+        {
+            "strategy": type(strategy).__name__,
+            "num_replicas_in_sync": replicas,
+            "num_workers": cluster.num_workers,
+            "devices": ",".join(placed),
+            "tensorflow_version": tf.__version__,
+            "tf_keras_version": tf_keras.__version__,
+            "python_version": platform.python_version(),
+        }
+    )
     arrays = datasets.load(cfg.data)
     data = build_data(cfg.data, arrays, cfg.train, replicas)
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
@@ -133,10 +144,27 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     checkpoints = None
     if cfg.checkpoint.enabled and cfg.output_dir:
-        checkpoints = Checkpoints(layout.checkpoint_dir(cfg), cluster.is_chief, cfg.checkpoint.max_to_keep, model=model,
-                                  optimizer=optimizer, before_save=run.sync_journal)
-    job = Job(strategy, model, optimizer, loss_name(cfg.train, arrays.task), data, cfg.train, cfg.executor, run,
-              cluster=cluster, checkpoints=checkpoints, checkpoint_every=cfg.checkpoint.every_n_steps)
+        checkpoints = Checkpoints(
+            layout.checkpoint_dir(cfg),
+            cluster.is_chief,
+            cfg.checkpoint.max_to_keep,
+            model=model,
+            optimizer=optimizer,
+            before_save=run.sync_journal,
+        )
+    job = Job(
+        strategy,
+        model,
+        optimizer,
+        loss_name(cfg.train, arrays.task),
+        data,
+        cfg.train,
+        cfg.executor,
+        run,
+        cluster=cluster,
+        checkpoints=checkpoints,
+        checkpoint_every=cfg.checkpoint.every_n_steps,
+    )
     phases.mark("build")  # strategy, data, model
     result = get_executor(cfg.executor.name)(job)
     if cfg.save_model and cluster.is_chief and cfg.output_dir:

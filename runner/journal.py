@@ -9,7 +9,6 @@ values delivered so far, in journal order). Sending a value twice is harmless: M
 
 import json
 import os
-from typing import List, Optional, Tuple
 
 FILE = "mlflow_journal.jsonl"
 BATCH = 1000  # MLflow's log_batch limit
@@ -22,7 +21,7 @@ def path_in(directory: str) -> str:
 class Journal:
     """Appends rows as they are journaled; the writer is the sender thread only."""
 
-    def __init__(self, directory: str, last_step: Optional[int] = None):
+    def __init__(self, directory: str, last_step: int | None = None):
         os.makedirs(directory, exist_ok=True)
         self.path = path_in(directory)
         self._file = open(self.path, "a", buffering=1 << 16)
@@ -30,7 +29,7 @@ class Journal:
             self._file.write(json.dumps({"last_step": last_step}) + "\n")
             self._file.flush()
 
-    def append(self, rows: List[Tuple]) -> None:
+    def append(self, rows: list[tuple]) -> None:
         if rows:
             self._file.write("".join(json.dumps(row) + "\n" for row in rows))
             self._file.flush()  # into the page cache: survives the process, not a power cut
@@ -45,7 +44,7 @@ class Journal:
             os.remove(self.path)
 
 
-def read(directory: Optional[str]):
+def read(directory: str | None):
     """(rows not yet delivered, the largest step journaled) of a journal left behind, or ([], None)."""
     if not directory or not os.path.isfile(path_in(directory)):
         return [], None
@@ -65,14 +64,14 @@ def read(directory: Optional[str]):
     return rows[delivered:], last_step
 
 
-def deliver(client, run_id: str, directory: str) -> Tuple[int, Optional[int]]:
+def deliver(client, run_id: str, directory: str) -> tuple[int, int | None]:
     """Send what a journal left behind holds beyond its last delivery, then remove it.
     Returns (values sent, the largest step it held)."""
     from mlflow.entities import Metric
 
     rows, last_step = read(directory)
     for i in range(0, len(rows), BATCH):
-        client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows[i:i + BATCH]])
+        client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows[i : i + BATCH]])
     if os.path.exists(path_in(directory)):
         os.remove(path_in(directory))
     return len(rows), last_step

@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 from omegaconf import DictConfig
 
@@ -28,7 +27,7 @@ log = logging.getLogger("runner")
 POLL_SEC = 0.2
 
 
-def free_ports(n: int) -> List[int]:
+def free_ports(n: int) -> list[int]:
     """Ports the OS says are free now; taken right before the tasks start to keep the race short."""
     socks = []
     try:
@@ -42,7 +41,7 @@ def free_ports(n: int) -> List[int]:
             s.close()
 
 
-def cluster_spec(cfg) -> Dict[str, List[str]]:
+def cluster_spec(cfg) -> dict[str, list[str]]:
     c = cfg.cluster
     ps_strategy = cfg.strategy.name == "parameter_server"
     shape = {"chief": 1 if (c.chief or ps_strategy) else 0, "worker": c.workers, "ps": c.ps if ps_strategy else 0}
@@ -63,12 +62,12 @@ def signal_name(code: int) -> str:
 class Task:
     type: str
     index: int
-    argv: List[str]
-    env: Dict[str, str]
+    argv: list[str]
+    env: dict[str, str]
     run_dir: str
-    proc: Optional[subprocess.Popen] = None
+    proc: subprocess.Popen | None = None
     restarts: int = 0
-    pumps: List[threading.Thread] = field(default_factory=list)
+    pumps: list[threading.Thread] = field(default_factory=list)
     notified: bool = False  # it said it received SIGINT/SIGTERM itself (its peers stop because it did)
 
     @property
@@ -119,7 +118,7 @@ class TaskPreempted(stopping.Stopped):
     """A trainer exited after a preemption notice: its peers are stopping too, at the step they agreed on."""
 
 
-def wait_for(tasks: List["Task"], seconds: float) -> None:
+def wait_for(tasks: list["Task"], seconds: float) -> None:
     """Let the tasks exit by themselves, for up to `seconds` in all."""
     deadline = time.monotonic() + seconds
     for t in tasks:
@@ -129,7 +128,7 @@ def wait_for(tasks: List["Task"], seconds: float) -> None:
             pass
 
 
-def stop_all(tasks: List["Task"], grace: float) -> None:
+def stop_all(tasks: list["Task"], grace: float) -> None:
     """SIGTERM to every task at once (trainers take it as a preemption notice and checkpoint at a step they agree
     on), then SIGKILL whatever still runs after `grace` seconds. Trainers first: a coordinator outliving its
     servers floods the log."""
@@ -150,8 +149,9 @@ def stop_all(tasks: List["Task"], grace: float) -> None:
 OWNED_KEYS = ("cluster", "resume", "hydra.run.dir", "checkpoint.dir", "mlflow.tracking_uri")
 
 
-def _task_overrides(overrides: List[str]) -> List[str]:
+def _task_overrides(overrides: list[str]) -> list[str]:
     """The user's overrides, minus what the launcher decides for each task."""
+
     def owned(override: str) -> bool:
         key = override.lstrip("+~").split("=", 1)[0]
         return any(key == k or key.startswith(k + ".") for k in OWNED_KEYS)
@@ -159,7 +159,7 @@ def _task_overrides(overrides: List[str]) -> List[str]:
     return [o for o in overrides if not owned(o)]
 
 
-def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) -> List[Task]:
+def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str) -> list[Task]:
     spec = cluster_spec(cfg)
     out = cfg.output_dir
     launch_id = uuid.uuid4().hex
@@ -168,17 +168,25 @@ def build_tasks(cfg: DictConfig, overrides: List[str], run_id: str, uri: str) ->
     if cfg.cluster.evaluator:
         members.append(("evaluator", 0))
     for job, i in members:
-        env = contract.child_env(uri, **{
-            "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": job, "index": i}}),
-            contract.ATTACH_RUN: run_id,
-            contract.LAUNCH_ID: launch_id,
-            contract.TASK_ROLE: layout.task_role(cfg.strategy.name, job),
-        })
+        env = contract.child_env(
+            uri,
+            **{
+                "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": job, "index": i}}),
+                contract.ATTACH_RUN: run_id,
+                contract.LAUNCH_ID: launch_id,
+                contract.TASK_ROLE: layout.task_role(cfg.strategy.name, job),
+            },
+        )
         run_dir = layout.task_dir(out, job, i)
-        argv = contract.runner_command([
-            *_task_overrides(overrides), "cluster=tf_config", f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
-            f"hydra.run.dir={run_dir}", f"checkpoint.dir={layout.checkpoint_dir(cfg)}",
-        ])
+        argv = contract.runner_command(
+            [
+                *_task_overrides(overrides),
+                "cluster=tf_config",
+                f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
+                f"hydra.run.dir={run_dir}",
+                f"checkpoint.dir={layout.checkpoint_dir(cfg)}",
+            ]
+        )
         tasks.append(Task(job, i, argv, env, run_dir))
     return tasks
 
@@ -194,11 +202,11 @@ def _checkpoint_note(cfg) -> str:
         return "no checkpoint was written"
 
 
-def _trainers(tasks: List[Task]) -> List[Task]:
+def _trainers(tasks: list[Task]) -> list[Task]:
     return [t for t in tasks if t.env.get(contract.TASK_ROLE) == layout.TRAINER]
 
 
-def supervise(tasks: List[Task], cfg) -> None:
+def supervise(tasks: list[Task], cfg) -> None:
     """Run until every trainer exits 0. A dead server task is restarted (parameter_server recovers);
     any other task that fails stops the whole cluster with an error naming it."""
     lock = threading.Lock()
@@ -215,7 +223,9 @@ def supervise(tasks: List[Task], cfg) -> None:
                 raise TaskPreempted(signal.SIGTERM, f"task {t.name} was preempted (SIGTERM) and the trainers stopped together")
             if t.is_server and t.restarts < cfg.cluster.restart_workers:
                 t.restarts += 1
-                log.warning("%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers)
+                log.warning(
+                    "%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers
+                )
                 t.start(lock)
                 continue
             frozen = [o for o in tasks if o is not t and o.proc.poll() is None and procs.state(o.proc.pid) in ("T", "t")]
@@ -250,20 +260,24 @@ def launch(cfg: DictConfig) -> dict:
     with mlflow_run(cfg, overrides) as run:
         tasks = build_tasks(cfg, overrides, run.run_id, run.tracking_uri)
         log.info("cluster on 127.0.0.1: %s", ", ".join(t.name for t in tasks))
-        log.info("note: TensorFlow's gRPC servers listen on every interface, not only 127.0.0.1 (hard-coded in TensorFlow); "
-                 "on a shared network, firewall the task ports")
+        log.info(
+            "note: TensorFlow's gRPC servers listen on every interface, not only 127.0.0.1 (hard-coded in TensorFlow); "
+            "on a shared network, firewall the task ports"
+        )
         run.set_tags({"cluster.tasks": ",".join(t.name for t in tasks)})
         try:
             supervise(tasks, cfg)
         except (KeyboardInterrupt, stopping.Stopped) as err:
-            log.warning("stopping: every task gets up to %gs (cluster.stop_grace_sec) to write its checkpoint",
-                        cfg.cluster.stop_grace_sec)
+            log.warning(
+                "stopping: every task gets up to %gs (cluster.stop_grace_sec) to write its checkpoint", cfg.cluster.stop_grace_sec
+            )
             if isinstance(err, TaskPreempted):  # the others are checkpointing with it: a signal now would only interrupt them
                 wait_for(_trainers(tasks), cfg.cluster.stop_grace_sec)
                 told = [t.name for t in _trainers(tasks) if t.notified]  # the first to exit may be a peer it told
                 if told:
-                    err = TaskPreempted(signal.SIGTERM, f"task {', '.join(told)} was preempted (SIGTERM) and the trainers "
-                                                        "stopped together")
+                    err = TaskPreempted(
+                        signal.SIGTERM, f"task {', '.join(told)} was preempted (SIGTERM) and the trainers stopped together"
+                    )
             stop_all(tasks, cfg.cluster.stop_grace_sec)
             # Read the checkpoint only now: the chief may still have been writing it when a peer exited.
             signum = signal.Signals[err.signal_name] if isinstance(err, stopping.Stopped) else signal.SIGINT

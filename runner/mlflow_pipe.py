@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
-from typing import Dict, Optional
 
 from runner import procs
 from runner.errors import ConfigError
@@ -30,7 +29,7 @@ class Pipe:
     def __init__(self, proc: subprocess.Popen, uri: str):
         self.proc, self.uri = proc, uri
         self._ids, self._waiting, self._lock = itertools.count(1), {}, threading.Lock()
-        self._gone: Optional[str] = None
+        self._gone: str | None = None
         self._reader = threading.Thread(target=self._read, name="mlflow-pipe", daemon=True)
         self._reader.start()
 
@@ -38,8 +37,14 @@ class Pipe:
     def spawn(cls, uri: str) -> "Pipe":
         """Start the MLflow process (from the main thread: it dies with the thread that started it)."""
         env = dict(os.environ, MLFLOW_TRACKING_URI=uri)  # not in argv, where credentials would show in `ps`
-        proc = procs.popen([sys.executable, "-m", "runner.mlflow_process", str(os.getpid())], env=env,
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        proc = procs.popen(
+            [sys.executable, "-m", "runner.mlflow_process", str(os.getpid())],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         return cls(proc, uri)
 
     def _read(self) -> None:
@@ -83,19 +88,24 @@ class Pipe:
 
     # MlflowClient's names, with plain lists for entities: [key, value, timestamp, step], [key, value].
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
-        self.call("log_batch", run_id=run_id, metrics=[list(m) for m in metrics], tags=[list(t) for t in tags],
-                  params=[list(p) for p in params])
+        self.call(
+            "log_batch",
+            run_id=run_id,
+            metrics=[list(m) for m in metrics],
+            tags=[list(t) for t in tags],
+            params=[list(p) for p in params],
+        )
 
     def set_terminated(self, run_id: str, status: str) -> None:
         self.call("set_terminated", run_id=run_id, status=status)
 
-    def log_artifact(self, run_id: str, path: str, artifact_path: Optional[str] = None) -> None:
+    def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         self.call("log_artifact", run_id=run_id, path=os.path.abspath(path), artifact_path=artifact_path)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.call("log_text", run_id=run_id, text=text, name=name)
 
-    def start(self, **args) -> Dict:
+    def start(self, **args) -> dict:
         return self.call("start", **args)
 
     def close(self) -> None:

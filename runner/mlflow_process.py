@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 from omegaconf import OmegaConf
 
@@ -41,20 +40,29 @@ class Calls:
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
-        self.client.log_batch(run_id, metrics=[Metric(*m) for m in metrics], tags=[RunTag(*t) for t in tags],
-                              params=[Param(*p) for p in params])
+        self.client.log_batch(
+            run_id, metrics=[Metric(*m) for m in metrics], tags=[RunTag(*t) for t in tags], params=[Param(*p) for p in params]
+        )
 
     def set_terminated(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status)
 
-    def log_artifact(self, run_id: str, path: str, artifact_path: Optional[str] = None) -> None:
+    def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, path, artifact_path)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, redact(text), name)
 
-    def start(self, cfg: dict, overrides: list, attached: Optional[str], resumed: Optional[str], parent: Optional[str],
-              job: Optional[str], tags: dict) -> dict:
+    def start(
+        self,
+        cfg: dict,
+        overrides: list,
+        attached: str | None,
+        resumed: str | None,
+        parent: str | None,
+        job: str | None,
+        tags: dict,
+    ) -> dict:
         """Continue, attach to, or create the run; a new one gets the config as params and artifacts."""
         try:
             return self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
@@ -63,7 +71,8 @@ class Calls:
         except Exception as err:  # MlflowException, connection errors: nothing has been trained yet
             raise ConfigError(
                 f"MLflow at {redact_uri(self.uri)} could not start the run ({redact(str(err)).strip()[:400]}); nothing was "
-                "trained. Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false.") from None
+                "trained. Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false."
+            ) from None
 
     def _start(self, cfg, overrides, attached, resumed, parent, job, tags) -> dict:
         import mlflow
@@ -84,8 +93,11 @@ class Calls:
             # log again the steps it holds (training restarts at the checkpoint, before them).
             sent, logged_through = journal.deliver(client, run.info.run_id, cfg.output_dir) if cfg.output_dir else (0, None)
             if sent or logged_through is not None:
-                log.info("delivered %d metric value(s) from the journal of the attempt that was killed (steps up to %s "
-                         "logged)", sent, logged_through)
+                log.info(
+                    "delivered %d metric value(s) from the journal of the attempt that was killed (steps up to %s logged)",
+                    sent,
+                    logged_through,
+                )
             log.info("MLflow run %s (%s) %s", run.info.run_name, run.info.run_id, "continued" if resumed else "attached")
         else:
             run_name = cfg.mlflow.run_name
@@ -97,14 +109,23 @@ class Calls:
                 mlflow.set_tracking_uri(self.uri)
                 experiment_id = mlflow.set_experiment(cfg.mlflow.experiment_name).experiment_id
             run = client.create_run(experiment_id, run_name=run_name, tags=redact_mapping(tags))
-            link = (f" (view: {redact_uri(self.uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id})"
-                    if self.uri.startswith("http") else "")
-            log.info("MLflow run %s (%s) in experiment %r at %s%s", run.info.run_name, run.info.run_id,
-                     cfg.mlflow.experiment_name, redact_uri(self.uri), link)
+            link = (
+                f" (view: {redact_uri(self.uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id})"
+                if self.uri.startswith("http")
+                else ""
+            )
+            log.info(
+                "MLflow run %s (%s) in experiment %r at %s%s",
+                run.info.run_name,
+                run.info.run_id,
+                cfg.mlflow.experiment_name,
+                redact_uri(self.uri),
+                link,
+            )
             container = OmegaConf.to_container(cfg, resolve=True)
             params = [[k, v] for k, v in redact_mapping(flatten(container)).items()]
             for i in range(0, len(params), 100):
-                self.log_batch(run.info.run_id, params=params[i:i + 100])
+                self.log_batch(run.info.run_id, params=params[i : i + 100])
             self.log_text(run.info.run_id, OmegaConf.to_yaml(container), "config.yaml")
             self.log_text(run.info.run_id, "\n".join(overrides) + "\n", "overrides.txt")
         if not attached:  # the training process ends the run: record it as the owner; fail runs whose owner died
@@ -147,9 +168,14 @@ def main(argv) -> None:
         logging.getLogger("urllib3").setLevel(logging.ERROR)  # one line per retry while a server is down; said once
         calls = Calls(client, uri, owner_pid)
     except Exception as err:  # answered to every call: the training process raises it where it starts the run
-        opened = err if isinstance(err, ConfigError) else ConfigError(
-            f"MLflow at {redact_uri(uri)} could not be opened ({redact(str(err)).strip()[:400]}); nothing was trained. "
-            "Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false.")
+        opened = (
+            err
+            if isinstance(err, ConfigError)
+            else ConfigError(
+                f"MLflow at {redact_uri(uri)} could not be opened ({redact(str(err)).strip()[:400]}); nothing was trained. "
+                "Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false."
+            )
+        )
 
     def answer(request: dict) -> None:
         try:
@@ -159,8 +185,13 @@ def main(argv) -> None:
             send({"id": request["id"], "ok": result})
         except Exception as err:
             why = str(err).strip() or type(err).__name__
-            send({"id": request["id"], "error": why if isinstance(err, ConfigError) else redact(why)[:2000],
-                  "config": isinstance(err, ConfigError)})
+            send(
+                {
+                    "id": request["id"],
+                    "error": why if isinstance(err, ConfigError) else redact(why)[:2000],
+                    "config": isinstance(err, ConfigError),
+                }
+            )
 
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="mlflow-call") as pool:
         for line in sys.stdin:

@@ -5,7 +5,7 @@ A user's own model is any function with the same shape, named by `model._target_
 """
 
 import math
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 
 def _keras():
@@ -14,13 +14,13 @@ def _keras():
     return tf_keras
 
 
-def linear(input_shape: Tuple[int, ...], num_outputs: int):
+def linear(input_shape: tuple[int, ...], num_outputs: int):
     """The guide's model: Sequential([Dense(1, input_shape=(1,))])."""
     keras = _keras()
     return keras.Sequential([keras.layers.Dense(num_outputs, input_shape=tuple(input_shape), dtype="float32")])
 
 
-def mlp(input_shape: Tuple[int, ...], num_outputs: int, hidden_units: Sequence[int] = (64, 64), activation="relu"):
+def mlp(input_shape: tuple[int, ...], num_outputs: int, hidden_units: Sequence[int] = (64, 64), activation="relu"):
     keras = _keras()
     layers = [keras.layers.Input(shape=tuple(input_shape))]
     if len(input_shape) > 1:  # a Flatten on flat input is a wasted op in every step
@@ -30,7 +30,7 @@ def mlp(input_shape: Tuple[int, ...], num_outputs: int, hidden_units: Sequence[i
     return keras.Sequential(layers)
 
 
-def image_shape(input_shape: Tuple[int, ...]) -> Tuple[int, int, int]:
+def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(H, W, C) for a conv net: 3-D shapes as they are, 2-D gets a channel, flat squares are folded."""
     shape = tuple(input_shape)
     if len(shape) == 3:
@@ -52,6 +52,9 @@ def cnn(input_shape, num_outputs: int, filters: Sequence[int] = (16, 32), kernel
     for f in filters:
         layers.append(keras.layers.Conv2D(f, kernel_size, padding="same", activation="relu"))
         layers.append(keras.layers.MaxPooling2D(pool_size=2, padding="same"))
-    layers += [keras.layers.Flatten(), keras.layers.Dense(dense_units, activation="relu"),
-               keras.layers.Dense(num_outputs, dtype="float32")]
+    layers += [
+        keras.layers.Flatten(),
+        keras.layers.Dense(dense_units, activation="relu"),
+        keras.layers.Dense(num_outputs, dtype="float32"),
+    ]
     return keras.Sequential(layers)

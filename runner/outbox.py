@@ -6,7 +6,6 @@ sends it once the server is back; a rerun or resume= in that directory does the 
 
 import json
 import os
-from typing import List, Optional
 
 FILE = "mlflow_outbox.jsonl"
 BATCH = 1000  # MLflow's log_batch limit
@@ -16,11 +15,11 @@ def path_in(directory: str) -> str:
     return os.path.join(directory, FILE)
 
 
-def exists(directory: Optional[str]) -> bool:
+def exists(directory: str | None) -> bool:
     return bool(directory) and os.path.isfile(path_in(directory))
 
 
-def save(directory: str, run_id: str, metrics: List, tags: List, status: Optional[str]) -> str:
+def save(directory: str, run_id: str, metrics: list, tags: list, status: str | None) -> str:
     os.makedirs(directory, exist_ok=True)
     record = {
         "run_id": run_id,
@@ -48,7 +47,7 @@ def deliver(client, directory: str) -> int:
         tags = [RunTag(k, v) for k, v in record["tags"]]
         metrics = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
         for i in range(0, max(len(metrics), 1), BATCH):
-            client.log_batch(run_id, metrics=metrics[i:i + BATCH], tags=tags if i == 0 else [])
+            client.log_batch(run_id, metrics=metrics[i : i + BATCH], tags=tags if i == 0 else [])
         sent += len(metrics)
         if record.get("status"):
             client.set_terminated(run_id, record["status"])

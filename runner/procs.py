@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Optional
 
 PR_SET_PDEATHSIG = 1
 _prctl = None
@@ -43,14 +42,14 @@ def popen(argv, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(argv, **kwargs)
 
 
-def _stat(pid: int) -> Optional[list]:
+def _stat(pid: int) -> list | None:
     """The fields of /proc/<pid>/stat after "pid (comm) ", from field 3 (state) on; None if it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rindex(b")") + 2:].split()
+    return stat[stat.rindex(b")") + 2 :].split()
 
 
 def state(pid: int) -> str:
@@ -59,7 +58,7 @@ def state(pid: int) -> str:
     return fields[0].decode() if fields else ""
 
 
-def start_ticks(pid: int) -> Optional[int]:
+def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None if it has exited.
     With the pid, it names one process: a pid reused later has another start time."""
     fields = _stat(pid)
@@ -78,13 +77,13 @@ def _namespace() -> str:
         return ""
 
 
-def identity(pid: Optional[int] = None) -> dict:
+def identity(pid: int | None = None) -> dict:
     """host, pid namespace, pid and start ticks of this process (or of pid)."""
     pid = os.getpid() if pid is None else pid
     return {"host": socket.gethostname(), "ns": _namespace(), "pid": str(pid), "start": str(start_ticks(pid) or "")}
 
 
-def alive(host: str, pid: str, start: str, ns: str = "") -> Optional[bool]:
+def alive(host: str, pid: str, start: str, ns: str = "") -> bool | None:
     """Whether the process recorded as (host, ns, pid, start) still runs; None when this process cannot tell
     (another host, or another container on this one)."""
     if host != socket.gethostname():
@@ -101,7 +100,7 @@ def alive(host: str, pid: str, start: str, ns: str = "") -> Optional[bool]:
     return ticks is not None and (not start or str(ticks) == start)
 
 
-def started_at(pid: Optional[int] = None) -> Optional[float]:
+def started_at(pid: int | None = None) -> float | None:
     """When the process (this one by default) started, in seconds since the epoch (to ~10 ms), or None."""
     ticks = start_ticks(os.getpid() if pid is None else pid)
     try:

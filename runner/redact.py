@@ -3,7 +3,6 @@ environment variables (names containing TOKEN, KEY, SECRET, PASSWORD...)."""
 
 import os
 import re
-from typing import Dict
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 _URI_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
@@ -31,6 +30,6 @@ def redact(text: str) -> str:
     return text
 
 
-def redact_mapping(items: Dict[str, str]) -> Dict[str, str]:
+def redact_mapping(items: dict[str, str]) -> dict[str, str]:
     """Params or tags: a secret-looking key gets its value masked; every other value is redacted."""
     return {k: MASK if is_secret_name(k.rsplit(".", 1)[-1]) else redact(v) for k, v in items.items()}

@@ -6,13 +6,23 @@ import csv
 import glob
 import json
 import os
-from typing import Dict, List
 
-COLUMNS = ["job", "run", "status", "strategy", "executor", "replicas", "examples_per_sec",
-           "examples_per_sec_per_replica", "final_loss", "eval_loss", "eval_accuracy"]
+COLUMNS = [
+    "job",
+    "run",
+    "status",
+    "strategy",
+    "executor",
+    "replicas",
+    "examples_per_sec",
+    "examples_per_sec_per_replica",
+    "final_loss",
+    "eval_loss",
+    "eval_accuracy",
+]
 
 
-def _row(run) -> Dict:
+def _row(run) -> dict:
     m, p, t = run.data.metrics, run.data.params, run.data.tags
     return {
         "job": int(t.get("sweep.job_num", -1)),
@@ -35,32 +45,34 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def table_text(rows: List[Dict]) -> str:
+def table_text(rows: list[dict]) -> str:
     cells = [COLUMNS] + [[_fmt(r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
 
 
-def markdown(rows: List[Dict]) -> str:
+def markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def scaling_efficiency(rows: List[Dict]) -> Dict[int, float]:
+def scaling_efficiency(rows: list[dict]) -> dict[int, float]:
     """Per job with more than one replica: (its examples/sec / the one-replica baseline's) / replicas.
     The baseline is the fastest one-replica job of the same executor."""
     out = {}
     for r in rows:
         if not isinstance(r["replicas"], int) or r["replicas"] < 2 or not r["examples_per_sec"]:
             continue
-        base = [b["examples_per_sec"] for b in rows if b["replicas"] == 1 and b["executor"] == r["executor"] and b["examples_per_sec"]]
+        base = [
+            b["examples_per_sec"] for b in rows if b["replicas"] == 1 and b["executor"] == r["executor"] and b["examples_per_sec"]
+        ]
         if base:
             out[r["job"]] = r["examples_per_sec"] / max(base) / r["replicas"]
     return out
 
 
-def plots(client, runs, rows, out_dir) -> List[str]:
+def plots(client, runs, rows, out_dir) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,19 +117,24 @@ def plots(client, runs, rows, out_dir) -> List[str]:
     return files
 
 
-def write_report(uri: str, parent_id: str, sweep_dir: str) -> List[str]:
+def write_report(uri: str, parent_id: str, sweep_dir: str) -> list[str]:
     """Write the report, log it to the parent run, end the parent run. Returns the failed jobs' labels."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
     parent = client.get_run(parent_id)
-    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=10000)
+    runs = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=10000
+    )
     pairs = sorted(zip(runs, [_row(r) for r in runs]), key=lambda p: p[1]["job"])
     runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
     results = [json.load(open(f)) for f in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json"))]
     failed = sorted(f"#{s['num']} ({' '.join(s['overrides'])})" for s in results if s["returncode"])
-    failed += sorted(f"#{r['job']} ({r['run']})" for r in rows if r["status"] != "FINISHED" and
-                     not any(s["num"] == r["job"] and s["returncode"] for s in results))
+    failed += sorted(
+        f"#{r['job']} ({r['run']})"
+        for r in rows
+        if r["status"] != "FINISHED" and not any(s["num"] == r["job"] and s["returncode"] for s in results)
+    )
     with open(os.path.join(sweep_dir, "report.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()

@@ -9,7 +9,6 @@ import logging
 import os
 import threading
 import time
-from typing import Dict, Optional
 
 from runner import journal, outbox
 from runner.redact import redact, redact_mapping, redact_uri
@@ -27,8 +26,17 @@ class RunLog:
     close() delivers the rest (waiting up to mlflow.delivery_timeout_sec for a server that is down) and, if
     the server never comes back, saves them to an outbox file that `python -m runner.deliver` sends later."""
 
-    def __init__(self, client, run_id: str, uri: str, owner: bool = True, flush_every: float = FLUSH_EVERY_SEC,
-                 delivery_timeout: float = 120.0, outbox_dir: Optional[str] = None, logged_through: Optional[int] = None):
+    def __init__(
+        self,
+        client,
+        run_id: str,
+        uri: str,
+        owner: bool = True,
+        flush_every: float = FLUSH_EVERY_SEC,
+        delivery_timeout: float = 120.0,
+        outbox_dir: str | None = None,
+        logged_through: int | None = None,
+    ):
         self._client, self.run_id, self.tracking_uri = client, run_id, uri
         self.owner = owner  # False when attached to the launcher's run: the launcher ends it
         self.flush_every, self.delivery_timeout, self.outbox_dir = flush_every, delivery_timeout, outbox_dir
@@ -48,7 +56,7 @@ class RunLog:
         self._thread = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
         self._thread.start()
 
-    def log_metrics(self, values: Dict[str, float], step: int) -> None:
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
         # Plain (key, value, timestamp, step) tuples: the cheapest thing to make on the training thread.
         now = int(time.time() * 1000)
         step = int(step)
@@ -59,7 +67,7 @@ class RunLog:
             self._metrics.extend(rows)
             self._fresh.extend(rows)
 
-    def set_tags(self, tags: Dict[str, object]) -> None:
+    def set_tags(self, tags: dict[str, object]) -> None:
         with self._lock:
             self._tags.extend((k, str(v)[:5000]) for k, v in redact_mapping({k: str(v) for k, v in tags.items()}).items())
         self._wake.set()
@@ -93,7 +101,9 @@ class RunLog:
                 try:
                     self._journal.append(rows)
                 except OSError as err:  # a full disk must not stop training: the values are still queued for MLflow
-                    log.warning("could not write the metrics journal %s (%s); metrics still go to MLflow", self._journal.path, err)
+                    log.warning(
+                        "could not write the metrics journal %s (%s); metrics still go to MLflow", self._journal.path, err
+                    )
                     self._journal = None
             self._journaled += len(rows)
 
@@ -118,7 +128,7 @@ class RunLog:
                     self._note_outage(err)
                     return False
                 with self._lock:
-                    del self._tags[:len(tags)], self._metrics[:len(metrics)]
+                    del self._tags[: len(tags)], self._metrics[: len(metrics)]
                 self._delivered += len(metrics)
                 with self._journaling:
                     if self._journal is not None and metrics:
@@ -127,15 +137,22 @@ class RunLog:
                         except OSError:
                             self._journal = None
                 if self._outage is not None:
-                    log.warning("MLflow at %s is reachable again; delivering the metrics kept meanwhile", redact_uri(self.tracking_uri))
+                    log.warning(
+                        "MLflow at %s is reachable again; delivering the metrics kept meanwhile", redact_uri(self.tracking_uri)
+                    )
                     self._outage = None
             return True
 
     def _note_outage(self, err: Exception) -> None:
         why = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
         if self._outage is None:
-            log.warning("MLflow at %s cannot take metrics now (%s); training goes on, %d value(s) kept here and "
-                        "retried every %gs", redact_uri(self.tracking_uri), why, self.pending, self.flush_every)
+            log.warning(
+                "MLflow at %s cannot take metrics now (%s); training goes on, %d value(s) kept here and retried every %gs",
+                redact_uri(self.tracking_uri),
+                why,
+                self.pending,
+                self.flush_every,
+            )
         self._outage = why
 
     @property
@@ -143,7 +160,7 @@ class RunLog:
         with self._lock:
             return len(self._metrics) + len(self._tags)
 
-    def close(self, status: Optional[str]) -> None:
+    def close(self, status: str | None) -> None:
         """Deliver everything, then end the run with `status` (None: leave it to its owner)."""
         self._stop.set()
         self._wake.set()
@@ -155,8 +172,12 @@ class RunLog:
                 if left <= 0:
                     break
                 if self._outage:
-                    log.warning("waiting up to %.0fs more for MLflow at %s to take %d value(s) (mlflow.delivery_timeout_sec)",
-                                left, redact_uri(self.tracking_uri), self.pending)
+                    log.warning(
+                        "waiting up to %.0fs more for MLflow at %s to take %d value(s) (mlflow.delivery_timeout_sec)",
+                        left,
+                        redact_uri(self.tracking_uri),
+                        self.pending,
+                    )
                 time.sleep(min(5.0, left))
             else:
                 if self._journal is not None:  # everything is in the store: the journal has done its job
@@ -164,13 +185,18 @@ class RunLog:
                 return
         except KeyboardInterrupt:
             pass  # a second Ctrl-C: stop waiting, keep what is left in the outbox
-        path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags,
-                           status if self.owner else None)
-        log.error("MLflow at %s did not come back: %d value(s) of run %s are saved in %s. Send them with "
-                  "`python -m runner.deliver %s` once it is up (a rerun with resume= does it too).",
-                  redact_uri(self.tracking_uri), self.pending, self.run_id, path, os.path.dirname(path))
+        path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags, status if self.owner else None)
+        log.error(
+            "MLflow at %s did not come back: %d value(s) of run %s are saved in %s. Send them with "
+            "`python -m runner.deliver %s` once it is up (a rerun with resume= does it too).",
+            redact_uri(self.tracking_uri),
+            self.pending,
+            self.run_id,
+            path,
+            os.path.dirname(path),
+        )
 
-    def _deliver_all(self, status: Optional[str]) -> bool:
+    def _deliver_all(self, status: str | None) -> bool:
         if not self._deliver():
             return False
         if status and self.owner:
@@ -181,15 +207,16 @@ class RunLog:
                 return False
         return True
 
-    def log_artifact(self, path: str, artifact_path: Optional[str] = None) -> None:
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
         try:
             self._client.log_artifact(self.run_id, path, artifact_path)
         except Exception as err:  # the file stays on disk; say where
-            log.warning("could not upload %s to MLflow (%s); it stays at %s", os.path.basename(path), redact(str(err))[:200], path)
+            log.warning(
+                "could not upload %s to MLflow (%s); it stays at %s", os.path.basename(path), redact(str(err))[:200], path
+            )
 
     def log_text(self, text: str, name: str) -> None:
         self._client.log_text(self.run_id, redact(text), name)
-
 
 
 class NullRun:

@@ -69,12 +69,18 @@ class Sentinel:
         read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         env = dict(os.environ, MLFLOW_TRACKING_URI=getattr(self.run, "tracking_uri", "") or "")  # not in argv: credentials
-        self.proc = procs.popen([sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(read)],
-                                stdin=subprocess.PIPE, env=env, pass_fds=(read,), text=True)
+        self.proc = procs.popen(
+            [sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(read)],
+            stdin=subprocess.PIPE,
+            env=env,
+            pass_fds=(read,),
+            text=True,
+        )
         os.close(read)
         self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        self.send("run", self.run.run_id or "", "owner" if getattr(self.run, "owner", False) else "attached",
-                  str(self.output_dir or ""))
+        self.send(
+            "run", self.run.run_id or "", "owner" if getattr(self.run, "owner", False) else "attached", str(self.output_dir or "")
+        )
         return self
 
     def send(self, *words) -> None:
@@ -87,8 +93,11 @@ class Sentinel:
     @contextlib.contextmanager
     def deadline(self, seconds: float, what: str):
         """Around a call that can block in C++: past `seconds`, the sentinel ends the run FAILED with this message."""
-        self.send("deadline", seconds,
-                  f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?")
+        self.send(
+            "deadline",
+            seconds,
+            f"{what} did not complete within cluster.start_timeout_sec={seconds:g}: is every task of the cluster started?",
+        )
         try:
             yield
         finally:
@@ -114,9 +123,12 @@ class StopGuard:
             import tensorflow as tf
 
             config = tf.distribute.experimental.TerminationConfig(
-                termination_watcher_fn=requested, exit_fn=self._stop, save_fn=self._save)
+                termination_watcher_fn=requested, exit_fn=self._stop, save_fn=self._save
+            )
             resolver = job.cluster.resolver if job.cluster is not None and job.multi_worker else None
-            handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, job.checkpoints.manager, termination_config=config)
+            handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+                resolver, job.checkpoints.manager, termination_config=config
+            )
             # On GCE CPU VMs TensorFlow's handler does nothing (it leaves them to GCE's own notices): save ourselves there.
             if getattr(getattr(handler, "_platform_device", None), "name", "INTERNAL_CPU").startswith("INTERNAL"):
                 self.handler = handler
@@ -146,6 +158,11 @@ class StopGuard:
 
     def _stop(self) -> None:
         signum = _received[0] if _received else signal.SIGTERM
-        where = (f"checkpoint written at step {self.saved} in {self.job.checkpoints.directory}" if self.saved is not None
-                 else "no checkpoint (checkpoint.enabled=false)" if not self.job.checkpoints else "the last checkpoint is kept")
+        where = (
+            f"checkpoint written at step {self.saved} in {self.job.checkpoints.directory}"
+            if self.saved is not None
+            else "no checkpoint (checkpoint.enabled=false)"
+            if not self.job.checkpoints
+            else "the last checkpoint is kept"
+        )
         raise Stopped(signum, f"training stopped by {signal.Signals(signum).name} at step {self.step}: {where}.")

@@ -14,7 +14,6 @@ import fcntl
 import logging
 import os
 import threading
-from typing import Optional
 
 from runner import procs
 from runner.errors import ConfigError
@@ -26,11 +25,11 @@ DIED = "process died without ending the run (found by {who})"
 SCHEMES = "sqlite:///<path>, http(s)://<host>:<port>, postgresql://, mysql://, mssql://, file:<dir>, databricks"
 
 
-def sqlite_path(uri: str) -> Optional[str]:
+def sqlite_path(uri: str) -> str | None:
     """The database file of a sqlite:/// URI (None for other URIs and for in-memory SQLite)."""
     if not uri.startswith("sqlite:///"):
         return None
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
     return os.path.abspath(path) if path and path != ":memory:" else None
 
 
@@ -60,11 +59,15 @@ def open_client(uri: str):
     if path is None:
         return _client(uri)
     if os.path.isdir(path):
-        raise ConfigError(f"the MLflow store {path} is a directory, not an SQLite file. Point mlflow.tracking_uri / "
-                          "MLFLOW_TRACKING_URI at a file (sqlite:///<dir>/mlflow.db).")
+        raise ConfigError(
+            f"the MLflow store {path} is a directory, not an SQLite file. Point mlflow.tracking_uri / "
+            "MLFLOW_TRACKING_URI at a file (sqlite:///<dir>/mlflow.db)."
+        )
     if not os.path.isdir(os.path.dirname(path)):
-        raise ConfigError(f"the MLflow store {path} cannot be created: its directory {os.path.dirname(path)} does not "
-                          "exist. Create it, or point mlflow.tracking_uri at another file.")
+        raise ConfigError(
+            f"the MLflow store {path} cannot be created: its directory {os.path.dirname(path)} does not "
+            "exist. Create it, or point mlflow.tracking_uri at another file."
+        )
     if os.path.isfile(path) and os.path.getsize(path) > 0:
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
@@ -76,7 +79,9 @@ def open_client(uri: str):
         except ConfigError:
             raise
         except Exception as err:  # MlflowException, sqlalchemy errors, a half-migrated store
-            raise _damaged(path, redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]) from None
+            raise _damaged(
+                path, redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
+            ) from None
     return client
 
 
@@ -87,17 +92,23 @@ def _client(uri: str):
     try:
         return MlflowClient(uri)
     except UnsupportedModelRegistryStoreURIException:
-        raise ConfigError(f"the tracking URI {redact_uri(uri)!r} has a scheme MLflow does not know. Use one of: {SCHEMES} "
-                          "(mlflow.tracking_uri or MLFLOW_TRACKING_URI; unset both for ./mlflow.db).") from None
+        raise ConfigError(
+            f"the tracking URI {redact_uri(uri)!r} has a scheme MLflow does not know. Use one of: {SCHEMES} "
+            "(mlflow.tracking_uri or MLFLOW_TRACKING_URI; unset both for ./mlflow.db)."
+        ) from None
 
 
-def _owner_alive(run) -> Optional[bool]:
+def _owner_alive(run) -> bool | None:
     """Whether the run's recorded owner process still runs (None: no owner recorded, or not one this host can see)."""
     tags = run.data.tags
     if OWNER_TAGS["pid"] not in tags:
         return None
-    return procs.alive(tags.get(OWNER_TAGS["host"], ""), tags[OWNER_TAGS["pid"]], tags.get(OWNER_TAGS["start"], ""),
-                       tags.get(OWNER_TAGS["ns"], ""))
+    return procs.alive(
+        tags.get(OWNER_TAGS["host"], ""),
+        tags[OWNER_TAGS["pid"]],
+        tags.get(OWNER_TAGS["start"], ""),
+        tags.get(OWNER_TAGS["ns"], ""),
+    )
 
 
 def owner_dead(run) -> bool:
@@ -105,13 +116,15 @@ def owner_dead(run) -> bool:
     return _owner_alive(run) is False
 
 
-def fail_dead_runs(client, experiment_id: str, who: str, keep: Optional[str] = None) -> list:
+def fail_dead_runs(client, experiment_id: str, who: str, keep: str | None = None) -> list:
     """Mark FAILED each RUNNING run of the experiment whose owner process on this host is gone; their ids."""
     host = procs.identity()["host"].replace("'", "")
     try:
         running = client.search_runs(
-            [experiment_id], max_results=1000,
-            filter_string=f"attributes.status = 'RUNNING' and tags.`{OWNER_TAGS['host']}` = '{host}'")
+            [experiment_id],
+            max_results=1000,
+            filter_string=f"attributes.status = 'RUNNING' and tags.`{OWNER_TAGS['host']}` = '{host}'",
+        )
     except Exception as err:  # never let the check stop a run
         log.debug("could not look for runs left RUNNING: %s", err)
         return []
@@ -125,13 +138,17 @@ def fail_dead_runs(client, experiment_id: str, who: str, keep: Optional[str] = N
         except Exception as err:
             log.debug("could not mark run %s FAILED: %s", run.info.run_id, err)
             continue
-        log.warning("MLflow run %s (%s) was left RUNNING by pid %s, which is gone: marked FAILED", run.info.run_name,
-                    run.info.run_id, run.data.tags[OWNER_TAGS["pid"]])
+        log.warning(
+            "MLflow run %s (%s) was left RUNNING by pid %s, which is gone: marked FAILED",
+            run.info.run_name,
+            run.info.run_id,
+            run.data.tags[OWNER_TAGS["pid"]],
+        )
         failed.append(run.info.run_id)
     return failed
 
 
-def live_owner(run, me: Optional[int] = None) -> Optional[str]:
+def live_owner(run, me: int | None = None) -> str | None:
     """The pid of the run's recorded owner when it is a process of this host that still runs (and not `me`,
     default this process), else None."""
     pid = run.data.tags.get(OWNER_TAGS["pid"])
@@ -141,7 +158,7 @@ def live_owner(run, me: Optional[int] = None) -> Optional[str]:
 EPOCHS_TAG = "runner.train.epochs"  # the epochs the run was last asked to train (params cannot change on resume)
 
 
-def take_over(client, run, epochs: int, output_dir: str, me: Optional[int] = None) -> None:
+def take_over(client, run, epochs: int, output_dir: str, me: int | None = None) -> None:
     """Before resume= continues `run`: refuse a run that is finished or whose process still runs; a RUNNING run
     whose process died is marked FAILED first (that attempt ended without a word)."""
     info, name = run.info, f"{run.info.run_name} ({run.info.run_id})"
@@ -163,11 +180,14 @@ def take_over(client, run, epochs: int, output_dir: str, me: Optional[int] = Non
     if info.status == "RUNNING" and owner_dead(run):
         client.set_tag(info.run_id, "error", DIED.format(who=f"resume={output_dir}"))
         client.set_terminated(info.run_id, "FAILED")
-        log.warning("MLflow run %s was left RUNNING by pid %s, which is gone: marked FAILED, now continued", name,
-                    run.data.tags[OWNER_TAGS["pid"]])
+        log.warning(
+            "MLflow run %s was left RUNNING by pid %s, which is gone: marked FAILED, now continued",
+            name,
+            run.data.tags[OWNER_TAGS["pid"]],
+        )
 
 
-def started(client, run, epochs: Optional[int] = None, owner: Optional[int] = None) -> None:
+def started(client, run, epochs: int | None = None, owner: int | None = None) -> None:
     """Process `owner` (default this one) owns `run` now: record it, and fail the runs of its experiment left
     RUNNING by dead processes."""
     from mlflow.entities import RunTag
@@ -176,6 +196,10 @@ def started(client, run, epochs: Optional[int] = None, owner: Optional[int] = No
     tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + ([RunTag(EPOCHS_TAG, str(epochs))] if epochs else [])
     client.log_batch(run.info.run_id, tags=tags)
     # Housekeeping off the critical path (a search over the experiment's runs, ~0.2 s): in the background.
-    threading.Thread(target=fail_dead_runs, name="mlflow-stale-runs", daemon=True, args=(
-        client, run.info.experiment_id, f"run {run.info.run_name} ({run.info.run_id}), pid {me['pid']}"),
-        kwargs={"keep": run.info.run_id}).start()
+    threading.Thread(
+        target=fail_dead_runs,
+        name="mlflow-stale-runs",
+        daemon=True,
+        args=(client, run.info.experiment_id, f"run {run.info.run_name} ({run.info.run_id}), pid {me['pid']}"),
+        kwargs={"keep": run.info.run_id},
+    ).start()

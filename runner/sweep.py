@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any, List
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -57,7 +57,7 @@ def run_sweep_job(cfg: DictConfig) -> int:
     # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
     # thread: the basic launcher's, or a joblib worker process's).
     proc = contract.start_child(contract.runner_command([*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]), env)
-    tail: List[str] = []
+    tail: list[str] = []
     for line in proc.stdout:
         sys.stdout.write(f"[{label}] {line}")
         sys.stdout.flush()
@@ -78,7 +78,7 @@ def cfg_uri(cfg) -> str:
 
     uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative: pin it for the children
-        uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+        uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
     return uri
 
 
@@ -94,13 +94,19 @@ def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None
 
     client = MlflowClient(cfg_uri(cfg))
     parent = client.get_run(parent_id)
-    run = client.create_run(parent.info.experiment_id, run_name=f"job-{num}", tags={
-        "mlflow.parentRunId": parent_id, "sweep.job_num": str(num), "overrides": " ".join(overrides),
-        "error": error[-5000:],
-    })
+    run = client.create_run(
+        parent.info.experiment_id,
+        run_name=f"job-{num}",
+        tags={
+            "mlflow.parentRunId": parent_id,
+            "sweep.job_num": str(num),
+            "overrides": " ".join(overrides),
+            "error": error[-5000:],
+        },
+    )
     params = [Param(k, v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=False)).items()]
     for i in range(0, len(params), 100):
-        client.log_batch(run.info.run_id, params=params[i:i + 100])
+        client.log_batch(run.info.run_id, params=params[i : i + 100])
     client.set_terminated(run.info.run_id, "FAILED")
 
 
@@ -126,9 +132,15 @@ class SweepCallback(Callback):
             sys.exit(err.exit_code)
         mlflow.set_tracking_uri(uri)
         experiment = mlflow.set_experiment(config.mlflow.experiment_name)
-        run = client.create_run(experiment.experiment_id, run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
-                                tags={"sweep.overrides": " ".join(hc.overrides.task), "sweep.jobs": str(total),
-                                      "sweep.dir": os.path.abspath(sweep_dir)})
+        run = client.create_run(
+            experiment.experiment_id,
+            run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
+            tags={
+                "sweep.overrides": " ".join(hc.overrides.task),
+                "sweep.jobs": str(total),
+                "sweep.dir": os.path.abspath(sweep_dir),
+            },
+        )
         store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
         with open(_state(sweep_dir, "parent_run_id"), "w") as f:
             f.write(run.info.run_id)
@@ -143,6 +155,9 @@ class SweepCallback(Callback):
             return
         failed = write_report(cfg_uri(config), open(path).read().strip(), sweep_dir)
         if failed:
-            print(f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
-                  f"Their errors are in MLflow and in {sweep_dir}/<job>/runner.log.", file=sys.stderr)
+            print(
+                f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
+                f"Their errors are in MLflow and in {sweep_dir}/<job>/runner.log.",
+                file=sys.stderr,
+            )
             sys.exit(1)

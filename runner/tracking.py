@@ -12,14 +12,14 @@ import json
 import logging
 import os
 import traceback
-from typing import Dict, Iterator, Optional
+from collections.abc import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner import contract
 from runner.errors import ConfigError
-from runner.redact import is_secret_name, redact_uri
 from runner.mlflow_pipe import Pipe, PipeError
+from runner.redact import is_secret_name, redact_uri
 from runner.runlog import NullRun, RunLog
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3.17's own default: embedded, no server
@@ -28,7 +28,7 @@ MAX_PARAM_LENGTH = 6000
 log = logging.getLogger("runner")
 
 
-def resolve_tracking_uri(configured: Optional[str]) -> str:
+def resolve_tracking_uri(configured: str | None) -> str:
     """mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
@@ -44,9 +44,9 @@ def resolve_tracking_uri(configured: Optional[str]) -> str:
     return DEFAULT_URI
 
 
-def flatten(node, prefix: str = "") -> Dict[str, str]:
+def flatten(node, prefix: str = "") -> dict[str, str]:
     """{'train.optimizer.name': 'sgd', ...} for MLflow params."""
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     if isinstance(node, dict):
         for key, value in node.items():
             out.update(flatten(value, f"{prefix}{key}."))
@@ -58,10 +58,10 @@ def flatten(node, prefix: str = "") -> Dict[str, str]:
 RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
 __all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "resolve_tracking_uri", "flatten", "env_tags"]
 
-_prestarted: Dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
+_prestarted: dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
 
 
-def _saved_run_id(output_dir: Optional[str]) -> Optional[str]:
+def _saved_run_id(output_dir: str | None) -> str | None:
     path = os.path.join(output_dir or "", RUN_ID_FILE)
     return open(path).read().strip() if output_dir and os.path.isfile(path) else None
 
@@ -69,7 +69,7 @@ def _saved_run_id(output_dir: Optional[str]) -> Optional[str]:
 ENV_PREFIXES = ("TF_", "SLURM_", "CUDA_", "NCCL_", "MLFLOW_", "OMP_", "KMP_")  # what shapes a run, as env.* tags
 
 
-def env_tags() -> Dict[str, str]:
+def env_tags() -> dict[str, str]:
     """The environment that shapes a run, minus anything that looks like a secret (MLFLOW_TRACKING_TOKEN...)."""
     return {f"env.{k}": v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) and not is_secret_name(k)}
 
@@ -88,7 +88,12 @@ def _logs_here(cfg: DictConfig) -> bool:
         task, jobs = tf_config["task"], tf_config.get("cluster", {})
         if task["type"] == "chief":
             return True
-        return task["type"] == "worker" and int(task["index"]) == 0 and "chief" not in jobs and cfg.strategy.name != "parameter_server"
+        return (
+            task["type"] == "worker"
+            and int(task["index"]) == 0
+            and "chief" not in jobs
+            and cfg.strategy.name != "parameter_server"
+        )
     except (ValueError, KeyError, TypeError):
         return False
 
@@ -156,19 +161,40 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
     """Continue, attach to, or create the run (in the MLflow process); a new run's id is saved beside its outputs."""
     attached = os.environ.get(contract.ATTACH_RUN)
     resumed = None if attached else _saved_run_id(cfg.output_dir)
-    tags = {"overrides": " ".join(overrides), "executor": cfg.executor.name, "strategy.name": cfg.strategy.name,
-            "cluster.name": cfg.cluster.name, **env_tags()}
+    tags = {
+        "overrides": " ".join(overrides),
+        "executor": cfg.executor.name,
+        "strategy.name": cfg.strategy.name,
+        "cluster.name": cfg.cluster.name,
+        **env_tags(),
+    }
     try:
-        started = pipe.start(cfg=OmegaConf.to_container(cfg, resolve=True), overrides=list(overrides), attached=attached,
-                             resumed=resumed, parent=os.environ.get(contract.PARENT_RUN), job=os.environ.get(contract.SWEEP_JOB), tags=tags)
+        started = pipe.start(
+            cfg=OmegaConf.to_container(cfg, resolve=True),
+            overrides=list(overrides),
+            attached=attached,
+            resumed=resumed,
+            parent=os.environ.get(contract.PARENT_RUN),
+            job=os.environ.get(contract.SWEEP_JOB),
+            tags=tags,
+        )
     except PipeError as err:
-        raise ConfigError(f"MLflow at {redact_uri(uri)} could not start the run ({err}); nothing was trained. Check "
-                          "mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false.") from None
+        raise ConfigError(
+            f"MLflow at {redact_uri(uri)} could not start the run ({err}); nothing was trained. Check "
+            "mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false."
+        ) from None
     run_id = started["run_id"]
     if not (attached or resumed) and cfg.output_dir:
         os.makedirs(cfg.output_dir, exist_ok=True)
         with open(os.path.join(cfg.output_dir, RUN_ID_FILE), "w") as f:
             f.write(run_id)
-    return RunLog(pipe, run_id, uri=uri, owner=not attached, flush_every=cfg.mlflow.flush_every_sec,
-                  delivery_timeout=cfg.mlflow.delivery_timeout_sec, outbox_dir=cfg.output_dir,
-                  logged_through=started["logged_through"])
+    return RunLog(
+        pipe,
+        run_id,
+        uri=uri,
+        owner=not attached,
+        flush_every=cfg.mlflow.flush_every_sec,
+        delivery_timeout=cfg.mlflow.delivery_timeout_sec,
+        outbox_dir=cfg.output_dir,
+        logged_through=started["logged_through"],
+    )

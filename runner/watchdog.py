@@ -54,8 +54,11 @@ class Sentinel:
         if self.act_at is not None and now >= self.act_at:
             name = STOP_SIGNALS[self.signals[-1]]
             where = f" Continue with resume={self.run[2]}." if self.run and len(self.run) > 2 and self.run[2] else ""
-            return (f"Stopped: {name} received and TensorFlow did not give control back within {GRACE_SEC:g}s; the "
-                    f"process was killed at once (exit 137), the last checkpoint is kept.{where}", "KILLED")
+            return (
+                f"Stopped: {name} received and TensorFlow did not give control back within {GRACE_SEC:g}s; the "
+                f"process was killed at once (exit 137), the last checkpoint is kept.{where}",
+                "KILLED",
+            )
         if self.deadline is not None and now >= self.deadline:
             return f"Error: {self.message}", "FAILED"
         return None

@@ -8,6 +8,7 @@ parameter_server, scheduled by the coordinator (ps_loop.py). A new executor is a
 from runner.errors import ConfigError
 from runner.executors.base import Job, Result
 
+
 def _fit(job: Job) -> Result:
     from runner.executors.fit import run_fit
 

@@ -5,8 +5,9 @@ import math
 import sys
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from runner import STARTED, phases, teardown
 from runner.errors import TrainingError
@@ -16,7 +17,7 @@ log = logging.getLogger("runner")
 
 
 class Reporter(Protocol):
-    def log_metrics(self, values: Dict[str, float], step: int) -> None: ...
+    def log_metrics(self, values: dict[str, float], step: int) -> None: ...
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Job:
     reporter: Reporter
     cluster: Any = None  # runner.builders.cluster.Cluster
     checkpoints: Any = None  # runner.checkpoints.Checkpoints, or None when checkpointing is off
-    checkpoint_every: Optional[int] = None  # steps; None: each epoch end
+    checkpoint_every: int | None = None  # steps; None: each epoch end
 
     @property
     def replicas(self) -> int:
@@ -59,9 +60,9 @@ class Job:
 class Result:
     steps: int
     final_loss: float
-    eval: Dict[str, float] = field(default_factory=dict)
-    examples_per_sec: Optional[float] = None
-    summary: Dict[str, float] = field(default_factory=dict)
+    eval: dict[str, float] = field(default_factory=dict)
+    examples_per_sec: float | None = None
+    summary: dict[str, float] = field(default_factory=dict)
 
 
 def concrete_per_iterator(fn):
@@ -95,7 +96,7 @@ def concrete_per_iterator(fn):
     return call
 
 
-def replica_metrics(values: Sequence[float]) -> Dict[str, float]:
+def replica_metrics(values: Sequence[float]) -> dict[str, float]:
     return {f"loss/replica_{i}": float(v) for i, v in enumerate(values)}
 
 
@@ -104,7 +105,7 @@ class Throughput:
 
     def __init__(self, global_batch_size: int, replicas: int):
         self.gbs, self.replicas = global_batch_size, replicas
-        self.first_step_sec: Optional[float] = None
+        self.first_step_sec: float | None = None
         self._start = self._warm_time = self._window_time = None
         self._warm_step = self._window_step = 0
         self._last_time, self._last_step = None, 0
@@ -122,7 +123,7 @@ class Throughput:
             self._warm_step = self._window_step = step
         self._last_time, self._last_step = now, step
 
-    def _rates(self, since_time, since_step) -> Dict[str, float]:
+    def _rates(self, since_time, since_step) -> dict[str, float]:
         steps = self._last_step - since_step
         if self._last_time is None or steps <= 0:
             return {}
@@ -134,17 +135,17 @@ class Throughput:
             "throughput/step_time_ms": 1000.0 * seconds / steps,
         }
 
-    def window(self) -> Dict[str, float]:
+    def window(self) -> dict[str, float]:
         """Rates since the last window, then start a new one."""
         rates = self._rates(self._window_time, self._window_step)
         if rates:
             self._window_time, self._window_step = self._last_time, self._last_step
         return rates
 
-    def overall(self) -> Dict[str, float]:
+    def overall(self) -> dict[str, float]:
         return self._rates(self._warm_time, self._warm_step)
 
-    def summary(self, train_sec: Optional[float] = None) -> Dict[str, float]:
+    def summary(self, train_sec: float | None = None) -> dict[str, float]:
         """Whole-run figures for comparing runs: summary/examples_per_sec ..., time/first_step_sec, and
         time/train_sec, the wall time of training: from the training call to the end of its last epoch (first step,
         tracing and checkpoints included; the input pipeline's teardown after that is not)."""
@@ -157,7 +158,7 @@ class Throughput:
         return out
 
 
-def done_line(result: "Result", summary: Dict[str, float]) -> str:
+def done_line(result: "Result", summary: dict[str, float]) -> str:
     """The last line of a run, also read by benchmarks/run.py."""
     parts = [f"done: {result.steps} steps, final loss {result.final_loss:.4f}"]
     parts += [f"{k}={v:.4f}" for k, v in result.eval.items()]
@@ -176,7 +177,7 @@ def progress_mode(verbose) -> str:
     return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
 
 
-def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: Dict[str, float]) -> str:
+def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: dict[str, float]) -> str:
     eps = rates.get("throughput/examples_per_sec")
     speed = f" {eps:,.0f} examples/s" if eps else ""
     return f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}{speed}"
@@ -187,8 +188,11 @@ def check_loss(job: "Job", loss: float, step: int) -> None:
     if math.isfinite(loss):
         return
     last = job.checkpoints.last_step if job.checkpoints else None
-    kept = (f"The last good checkpoint (step {last}) is kept in {job.checkpoints.directory}. " if last is not None
-            else "No checkpoint had been written yet. ")
+    kept = (
+        f"The last good checkpoint (step {last}) is kept in {job.checkpoints.directory}. "
+        if last is not None
+        else "No checkpoint had been written yet. "
+    )
     raise TrainingError(
         f"the training loss became {loss} by step {step}; training stopped. {kept}Lower "
         f"train.optimizer.learning_rate (now {job.train.optimizer.learning_rate:g}), or check the data for NaN/inf values."

@@ -36,22 +36,30 @@ def shard_accumulator(job: Job):
     replicas, local = strategy.num_replicas_in_sync, strategy.experimental_local_results
     total_of = lambda loss: strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)  # noqa: E731
     if replicas == 1 and not job.model.losses:
+
         def add(loss, total, shards):
             loss = total_of(loss)
             return total + loss, shards + loss
+
         scale, with_shard = 1.0, False
     elif not job.multi_worker and not job.model.losses and job.data.global_batch_size % replicas == 0:
+
         def add(share, total, shards):
             parts = tf.stack(local(share))
             return total + tf.reduce_sum(parts), shards + parts
+
         scale, with_shard = float(replicas), False
     elif job.multi_worker:
+
         def add(out, total, shards):
             return total + total_of(out[0]), shards + strategy.gather(out[1], axis=0)
+
         scale, with_shard = 1.0, True
     else:
+
         def add(out, total, shards):
             return total + tf.reduce_sum(tf.stack(local(out[0]))), shards + tf.concat(local(out[1]), axis=0)
+
         scale, with_shard = 1.0, True
     return tf.autograph.experimental.do_not_convert(add), scale, with_shard
 
@@ -92,9 +100,11 @@ class InProcessTrainer(loop.Trainer):
         per_call = job.train.steps_per_loop
         self.replicas, self.progress = job.replicas, progress_mode(job.executor.verbose)
         self.steps_per_call = min(per_call, max(1, job.checkpoint_every or data.steps_per_epoch))
-        self.description = (f"training with a custom loop: {job.train.epochs} epochs x {data.steps_per_epoch} steps "
-                            f"({per_call} per tf.function call), global batch {data.global_batch_size} over "
-                            f"{job.replicas} replica(s)")
+        self.description = (
+            f"training with a custom loop: {job.train.epochs} epochs x {data.steps_per_epoch} steps "
+            f"({per_call} per tf.function call), global batch {data.global_batch_size} over "
+            f"{job.replicas} replica(s)"
+        )
         self.steps = {}  # tf.constant per call length, made once
         self.out = None
 

@@ -6,8 +6,17 @@ import numpy as np
 
 from runner import phases
 from runner.executors import tf_private
-from runner.executors.base import (Job, Result, Throughput, check_loss, concrete_per_iterator, log, progress_line,
-                                   progress_mode, replica_metrics)
+from runner.executors.base import (
+    Job,
+    Result,
+    Throughput,
+    check_loss,
+    concrete_per_iterator,
+    log,
+    progress_line,
+    progress_mode,
+    replica_metrics,
+)
 from runner.executors.evaluation import evaluate_on_coordinator
 from runner.executors.replica_losses import ShardLosses
 from runner.stopping import StopGuard
@@ -171,8 +180,9 @@ def run_fit(job: Job) -> Result:
     gather = not job.parameter_server
     shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
     with job.strategy.scope():
-        model = _replica_loss_model(job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), gather,
-                                    initial_step, job.replicas, shard_losses)
+        model = _replica_loss_model(
+            job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), gather, initial_step, job.replicas, shard_losses
+        )
         model.compile(
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
@@ -188,14 +198,26 @@ def run_fit(job: Job) -> Result:
     arrays_in = data.input == "numpy" and not job.parameter_server
     kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
     x, y = fit_input if arrays_in else (fit_input, None)
-    log.info("training with Model.fit: %d epochs x %d steps, global batch %d over %d replica(s)",
-             job.train.epochs, data.steps_per_epoch, data.global_batch_size, job.replicas)
+    log.info(
+        "training with Model.fit: %d epochs x %d steps, global batch %d over %d replica(s)",
+        job.train.epochs,
+        data.steps_per_epoch,
+        data.global_batch_size,
+        job.replicas,
+    )
     started = time.perf_counter()
     with StopGuard(job) as guard:
         callbacks = _callbacks(job, meter, initial_step, guard, mode)
         history = model.fit(
-            x, y, epochs=job.train.epochs, initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
-            verbose=1 if mode == "bar" else 0, callbacks=callbacks, shuffle=data.shuffle, **kwargs,
+            x,
+            y,
+            epochs=job.train.epochs,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=data.steps_per_epoch,
+            verbose=1 if mode == "bar" else 0,
+            callbacks=callbacks,
+            shuffle=data.shuffle,
+            **kwargs,
         )
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
     phases.mark("train")

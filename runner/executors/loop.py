@@ -8,7 +8,6 @@ parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has it
 """
 
 import time
-from typing import Dict, List, Tuple
 
 from runner import phases, stopping
 from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line
@@ -30,18 +29,18 @@ class Trainer:
         """Run, or schedule, num_steps training steps."""
         raise NotImplementedError
 
-    def sync(self) -> List[Tuple[int, float]]:
+    def sync(self) -> list[tuple[int, float]]:
         """Wait for every call since the last sync: (steps, mean loss) for each of them."""
         raise NotImplementedError
 
-    def report(self, loss: float) -> Tuple[Dict[str, float], str]:
+    def report(self, loss: float) -> tuple[dict[str, float], str]:
         """At a logged step: metrics beside `loss` and the throughput, and text for the end of the progress line."""
         return {}, ""
 
     def end(self) -> None:
         """After the last step: wait for anything still running."""
 
-    def evaluate(self) -> Dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """{'eval/...': value} on the eval split."""
         raise NotImplementedError
 

@@ -50,9 +50,11 @@ class CoordinatorTrainer(loop.Trainer):
 
         self.worker_loop = worker_loop
         self.steps_per_call = job.train.steps_per_loop
-        self.description = (f"training with a custom loop under parameter_server: {job.train.epochs} epochs x "
-                            f"{data.steps_per_epoch} steps ({self.steps_per_call} per scheduled call), batch "
-                            f"{data.global_batch_size} per step, {job.cluster.num_workers} worker(s)")
+        self.description = (
+            f"training with a custom loop under parameter_server: {job.train.epochs} epochs x "
+            f"{data.steps_per_epoch} steps ({self.steps_per_call} per scheduled call), batch "
+            f"{data.global_batch_size} per step, {job.cluster.num_workers} worker(s)"
+        )
         self.pending, self.per_worker = [], collections.Counter()
 
     def train(self, num_steps: int) -> None:

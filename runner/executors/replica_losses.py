@@ -6,8 +6,6 @@ metrics are logged. (An all-gather in every step made MirroredStrategy's step mu
 custom loop needs none of this: it stacks the replicas' shares of the loss on the host instead.)
 """
 
-from typing import List
-
 
 class ShardLosses:
     """Make it outside strategy.scope(); write(value) in replica context, read() on the host."""
@@ -19,8 +17,13 @@ class ShardLosses:
             raise RuntimeError("ShardLosses must be made outside strategy.scope()")
         self.strategy = strategy
         with strategy.scope():
-            synced = tf.Variable(0.0, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                                 aggregation=tf.VariableAggregation.MEAN, name="shard_loss")
+            synced = tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.MEAN,
+                name="shard_loss",
+            )
         if len(strategy.experimental_local_results(synced)) == strategy.num_replicas_in_sync:
             # Mirrored, multi-worker mirrored and TPU strategies: one copy per replica, written locally.
             self.synced, self.copies = synced, None
@@ -45,7 +48,7 @@ class ShardLosses:
         replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
         self.copies[int(replica)].assign(value)
 
-    def read(self) -> List[float]:
+    def read(self) -> list[float]:
         """Every replica's last written shard loss, in replica order."""
         held = self.copies if self.synced is None else self.strategy.experimental_local_results(self.synced)
         return [float(v.numpy()) for v in held]

@@ -10,7 +10,6 @@ from runner.executors.base import Job
 def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
     """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss."""
     import tensorflow as tf
-
     import tf_keras
 
     model, optimizer, gbs = job.model, job.optimizer, job.data.global_batch_size

@@ -33,8 +33,8 @@ def flat_caller(concrete, iterator, args):
         _warn_once(f"ConcreteFunction.{CALL_FLAT}")
         return None
     flat = function_type.unpack_inputs(function_type.bind(iterator, *args))
-    handles = flat[:len(flat) - len(args)]
-    if any(a is not b for a, b in zip(flat[len(handles):], args)):
+    handles = flat[: len(flat) - len(args)]
+    if any(a is not b for a, b in zip(flat[len(handles) :], args)):
         return None  # not plain tensors: tf.function's own matching decides what they become
 
     def caller(iterator, *tensors):
