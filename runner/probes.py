@@ -14,23 +14,43 @@ import urllib.request
 
 def writable_dir_problem(path: str) -> str | None:
     """None when `path` is, or can be made, a directory this process can write in; else why not. Directories made
-    for the probe are removed again (the run makes them when it needs them)."""
+    for the probe are removed again (the run makes them when it needs them). Safe with other processes probing the
+    same path at once (the tasks of a cluster share their checkpoint directory): one's directory may vanish under
+    another's probe, which then tries again."""
     path = os.path.abspath(os.path.expanduser(path))
+    for _ in range(5):
+        problem = _probe(path)
+        if not (problem or "").startswith(_VANISHED):
+            return problem
+    return problem[len(_VANISHED) :]
+
+
+_VANISHED = "vanished: "  # a directory on the way went away (another probe's, or a path that cannot hold one)
+
+
+def _probe(path: str) -> str | None:
     made, parent = [], path
     while not os.path.exists(parent):
         made.append(parent)
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        return f"{parent} is a file, not a directory"
+        return f"{parent} is a file, not a directory" if os.path.exists(parent) else f"{_VANISHED}{parent} went away"
+    mine = []
     try:
         for d in reversed(made):
-            os.mkdir(d)
+            try:
+                os.mkdir(d)
+                mine.append(d)
+            except FileExistsError:  # another process made it meanwhile: not ours to remove
+                pass
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-"):
             pass
     except OSError as err:
-        return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+        why = f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+        # FileNotFoundError: another process's probe may have removed a directory on the way; try again
+        return f"{_VANISHED}{why}" if isinstance(err, FileNotFoundError) else why
     finally:
-        for d in made:  # innermost first
+        for d in reversed(mine):  # innermost first
             try:
                 os.rmdir(d)
             except OSError:
