@@ -10,6 +10,7 @@ environment only, never on the command line, where `ps` shows it to everyone:
 - `RUNNER_TASK_ROLE` (launcher, read back by it): trainer, server or evaluator (runner/layout.py).
 - `RUNNER_PARENT_RUN_ID` (sweep -> job: tracking): nest the job's run under the sweep's run.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
+- `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
 - `MLFLOW_TRACKING_URI` (launcher, sweep, tracking, stopping -> children, the MLflow process, the watchdog): the
   store, which may hold credentials.
 """
@@ -25,6 +26,7 @@ LAUNCH_ID = "RUNNER_LAUNCH_ID"
 TASK_ROLE = "RUNNER_TASK_ROLE"
 PARENT_RUN = "RUNNER_PARENT_RUN_ID"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
+SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from runner import contract
 
 log = logging.getLogger("runner")
-STATE_DIR = ".runner"  # inside the sweep directory: parent run id, job count, job results
+STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
 
 
 def _state(sweep_dir: str, name: str) -> str:
@@ -27,14 +27,22 @@ def _state(sweep_dir: str, name: str) -> str:
     return os.path.join(sweep_dir, STATE_DIR, name)
 
 
-def count_jobs(hydra_cfg) -> int:
-    """How many jobs the basic sweeper will launch for these overrides and sweeper params."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+def count_jobs(hydra_cfg) -> int | None:
+    """How many jobs the sweep will launch: a sampling sweeper's n_trials, else the size of the grid of the sweep
+    overrides and sweeper params (Hydra's public override parser); None when that cannot be told (a glob)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    if hydra_cfg.sweeper.get("n_trials") is not None:
+        return int(hydra_cfg.sweeper.n_trials)
     params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
-    overrides = OverridesParser.create().parse_overrides(params + list(hydra_cfg.overrides.task))
-    return len(BasicSweeper.split_arguments(overrides, None)[0])
+    total = 1
+    for override in OverridesParser.create().parse_overrides(params + list(hydra_cfg.overrides.task)):
+        if override.is_sweep_override():
+            try:
+                total *= len(list(override.sweep_string_iterator()))
+            except Exception:  # a glob over a config group, or a sweep type only its sweeper can expand
+                return None
+    return total
 
 
 def run_sweep_job(cfg: DictConfig) -> int:
@@ -43,15 +51,12 @@ def run_sweep_job(cfg: DictConfig) -> int:
 
     hc = HydraConfig.get()
     job_dir, sweep_dir, num = hc.runtime.output_dir, hc.sweep.dir, hc.job.num
-    total = open(_state(sweep_dir, "jobs")).read().strip() if os.path.exists(_state(sweep_dir, "jobs")) else "?"
+    total = os.environ.get(contract.SWEEP_SIZE) or "?"  # set by SweepCallback in the sweep's process
     overrides = list(hc.overrides.task)
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
     log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(overrides) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
-    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})
-    parent = _state(sweep_dir, "parent_run_id")
-    if os.path.exists(parent):
-        env[contract.PARENT_RUN] = open(parent).read().strip()
+    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN, when there is one
     # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
     # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
     # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
@@ -122,8 +127,8 @@ class SweepCallback(Callback):
         hc = config.hydra
         sweep_dir = hc.sweep.dir
         total = count_jobs(hc)
-        with open(_state(sweep_dir, "jobs"), "w") as f:
-            f.write(str(total))
+        label = "?" if total is None else str(total)
+        os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later
         uri = cfg_uri(config)
         try:
             client = store.open_client(uri)  # a fresh SQLite store created once, under a lock
@@ -137,23 +142,21 @@ class SweepCallback(Callback):
             run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
             tags={
                 "sweep.overrides": " ".join(hc.overrides.task),
-                "sweep.jobs": str(total),
+                "sweep.jobs": label,
                 "sweep.dir": os.path.abspath(sweep_dir),
             },
         )
         store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
-        with open(_state(sweep_dir, "parent_run_id"), "w") as f:
-            f.write(run.info.run_id)
-        log.info("sweep of %d jobs; MLflow parent run %s (%s)", total, run.info.run_name, run.info.run_id)
+        os.environ[contract.PARENT_RUN] = run.info.run_id  # each job's environment, so its run nests under this one
+        log.info("sweep of %s jobs; MLflow parent run %s (%s)", label, run.info.run_name, run.info.run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.report import write_report
 
-        sweep_dir = config.hydra.sweep.dir
-        path = _state(sweep_dir, "parent_run_id")
-        if not os.path.exists(path):
+        sweep_dir, parent = config.hydra.sweep.dir, os.environ.get(contract.PARENT_RUN)
+        if not parent:
             return
-        failed = write_report(cfg_uri(config), open(path).read().strip(), sweep_dir)
+        failed = write_report(cfg_uri(config), parent, sweep_dir)
         if failed:
             print(
                 f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
