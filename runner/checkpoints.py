@@ -26,7 +26,7 @@ class Checkpoints:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._model = model
         self._ckpt = tf.train.Checkpoint(step=self.step, model=model, optimizer=optimizer)
-        self.directory = directory
+        self.directory, self.max_to_keep = directory, max_to_keep
         self._scratch = None if is_chief else tempfile.mkdtemp(prefix="runner-ckpt-")
         if self._scratch:  # removed when this object goes or the process exits (tasks of a cluster exit normally)
             weakref.finalize(self, shutil.rmtree, self._scratch, True)
@@ -101,14 +101,14 @@ class Checkpoints:
             return
         import tensorflow as tf
 
-        kept = list(reversed(candidates[candidates.index(good) :]))[-self.manager._max_to_keep :]  # oldest first
+        kept = list(reversed(candidates[candidates.index(good) :]))[-self.max_to_keep :]  # oldest first
         tf.compat.v1.train.update_checkpoint_state(
             self.directory,
             good,
             all_model_checkpoint_paths=kept,
             all_model_checkpoint_timestamps=[os.path.getmtime(p + ".index") for p in kept],
         )
-        self.manager = tf.train.CheckpointManager(self._ckpt, self.directory, max_to_keep=self.manager._max_to_keep)
+        self.manager = tf.train.CheckpointManager(self._ckpt, self.directory, max_to_keep=self.max_to_keep)
 
     def weights_finite(self) -> bool:
         import tensorflow as tf

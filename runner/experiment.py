@@ -142,11 +142,14 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
+    saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model
+    if saves != cluster.is_chief:  # the MLflow run was started (or not) on layout.is_chief, before the strategy existed
+        log.warning("%s: TensorFlow says should_checkpoint=%s, the runner's rule said %s", cluster.task, saves, cluster.is_chief)
     checkpoints = None
     if cfg.checkpoint.enabled and cfg.output_dir:
         checkpoints = Checkpoints(
             layout.checkpoint_dir(cfg),
-            cluster.is_chief,
+            saves,
             cfg.checkpoint.max_to_keep,
             model=model,
             optimizer=optimizer,
@@ -167,7 +170,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     )
     phases.mark("build")  # strategy, data, model
     result = get_executor(cfg.executor.name)(job)
-    if cfg.save_model and cluster.is_chief and cfg.output_dir:
+    if cfg.save_model and saves and cfg.output_dir:
         path = layout.model_path(cfg.output_dir)
         model.save(path)
         run.log_artifact(path, "model")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 
-from runner import procs
+from runner import procs, tf_private
 from runner.errors import RunnerError
 
 log = logging.getLogger("runner")
@@ -129,8 +129,7 @@ class StopGuard:
             handler = tf.distribute.experimental.PreemptionCheckpointHandler(
                 resolver, job.checkpoints.manager, termination_config=config
             )
-            # On GCE CPU VMs TensorFlow's handler does nothing (it leaves them to GCE's own notices): save ourselves there.
-            if getattr(getattr(handler, "_platform_device", None), "name", "INTERNAL_CPU").startswith("INTERNAL"):
+            if tf_private.preemption_handler_acts(handler):  # not on GCE CPU VMs: there this guard saves itself
                 self.handler = handler
 
     def __enter__(self):

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import contract
+from runner import contract, layout
 from runner.errors import ConfigError
 from runner.mlflow_pipe import Pipe, PipeError
 from runner.redact import is_secret_name, redact_uri
@@ -86,14 +86,8 @@ def _logs_here(cfg: DictConfig) -> bool:
     try:
         tf_config = json.loads(os.environ.get("TF_CONFIG", ""))
         task, jobs = tf_config["task"], tf_config.get("cluster", {})
-        if task["type"] == "chief":
-            return True
-        return (
-            task["type"] == "worker"
-            and int(task["index"]) == 0
-            and "chief" not in jobs
-            and cfg.strategy.name != "parameter_server"
-        )
+        trains = layout.task_role(cfg.strategy.name, task["type"]) == layout.TRAINER
+        return trains and layout.is_chief(task["type"], task["index"], jobs)
     except (ValueError, KeyError, TypeError):
         return False
 

@@ -1,4 +1,4 @@
-"""The private TensorFlow / tf_keras names in runner/executors/tf_private.py still exist and still do what the
+"""The private TensorFlow / tf_keras names in runner/tf_private.py still exist and still do what the
 runner relies on. In process, one small graph or model each: when a TensorFlow release moves one, this fails
 loudly here, instead of the runner going quietly slower (or resuming fit at an epoch's start)."""
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # imports TensorFlow in process (seconds)
 def test_call_flat_fast_path_exists_and_gives_the_public_calls_results():
     import tensorflow as tf
 
-    from runner.executors import tf_private
+    from runner import tf_private
 
     @tf.function
     def take(iterator, n):
@@ -36,7 +36,7 @@ def test_a_callback_can_still_take_the_steps_tensor_logs():
     import tensorflow as tf
     import tf_keras
 
-    from runner.executors import tf_private
+    from runner import tf_private
 
     seen = []
 
@@ -55,7 +55,7 @@ def test_model_fit_still_asks_the_resume_hook_where_to_start():
     import numpy as np
     import tf_keras
 
-    from runner.executors import tf_private
+    from runner import tf_private
 
     assert hasattr(tf_keras.Model, tf_private.RESUME_HOOK), f"tf_keras.Model.{tf_private.RESUME_HOOK} is gone"
 
@@ -73,3 +73,17 @@ def test_model_fit_still_asks_the_resume_hook_where_to_start():
     x = np.ones((10, 2), np.float32)
     model.fit(x, x[:, :1], batch_size=2, epochs=2, steps_per_epoch=5, verbose=0, callbacks=[recorder])
     assert batches == ["epoch 1", 2, 3, 4]
+
+
+def test_the_preemption_handler_still_says_which_platform_it_found(tmp_path):
+    import tensorflow as tf
+
+    from runner import tf_private
+
+    checkpoint = tf.train.Checkpoint(step=tf.Variable(0))
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=1)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        None, manager, termination_config=tf.distribute.experimental.TerminationConfig(termination_watcher_fn=lambda: False)
+    )
+    assert hasattr(handler, tf_private.PLATFORM), f"PreemptionCheckpointHandler.{tf_private.PLATFORM} is gone"
+    assert tf_private.preemption_handler_acts(handler)  # not a GCE VM: TensorFlow's handler acts on its notices

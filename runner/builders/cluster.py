@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from runner import layout
 from runner.errors import ConfigError
 from runner.fields import ranged
 from runner.registry import describe, get, option, options, register
@@ -77,12 +78,8 @@ class Cluster:
 
     @property
     def is_chief(self) -> bool:
-        """The task that logs and saves: the chief, or worker 0 when there is no chief."""
-        if self.task_type is None:
-            return True
-        if "chief" in self.jobs:
-            return self.task_type == "chief"
-        return self.task_type == "worker" and self.task_id == 0
+        """The task that logs and saves (runner/layout.py)."""
+        return layout.is_chief(self.task_type, self.task_id, self.jobs)
 
 
 @option("cluster", "local", schema=ClusterConfig, help="this process")

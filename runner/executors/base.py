@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runner import STARTED, phases, teardown
+from runner import STARTED, phases, teardown, tf_private
 from runner.errors import TrainingError
-from runner.executors import tf_private
 
 log = logging.getLogger("runner")
 

@@ -4,8 +4,7 @@ import time
 
 import numpy as np
 
-from runner import phases
-from runner.executors import tf_private
+from runner import phases, tf_private
 from runner.executors.base import (
     Job,
     Result,

@@ -1,7 +1,8 @@
-"""Every private TensorFlow / tf_keras name the executors touch, in one place, each with its public fallback.
+"""Every private TensorFlow / tf_keras name the runner touches, in one place, each with its public fallback.
 
 They are kept only where they make the training loop measurably faster (docs/benchmarks.md, "Why the executors
-are built this way") or where Keras offers no public way at all (resuming Model.fit inside an epoch).
+are built this way") or where TensorFlow offers no public way at all (resuming Model.fit inside an epoch; asking
+a PreemptionCheckpointHandler whether it acts on this platform).
 tests/test_tf_private.py fails loudly when a TensorFlow release moves any of them; until then the fallbacks keep
 runs correct, only slower (or, for the resume hook, starting again at the epoch's first step, with a warning).
 """
@@ -13,6 +14,7 @@ log = logging.getLogger("runner")
 CALL_FLAT = "_call_flat"  # ConcreteFunction: call with flat tensors, after tf.function's own argument matching
 TF_LOGS = "_supports_tf_logs"  # tf_keras Callback: take the step's tensors as they are, no host copy per batch
 RESUME_HOOK = "_maybe_load_initial_counters_from_ckpt"  # tf_keras Model.fit: (epoch, step) to start at
+PLATFORM = "_platform_device"  # PreemptionCheckpointHandler: the platform it detected (GCE or not)
 _warned = set()
 
 
@@ -66,3 +68,13 @@ class ResumeInsideEpoch:
 
         if not hasattr(tf_keras.Model, RESUME_HOOK):
             _warn_once(f"tf_keras.Model.{RESUME_HOOK}", "Model.fit resumes at the first step of the checkpoint's epoch")
+
+
+def preemption_handler_acts(handler) -> bool:
+    """Whether TensorFlow's PreemptionCheckpointHandler saves on its own notice here. On GCE CPU VMs it does nothing
+    (it leaves them to GCE's maintenance notices); everywhere else (platform INTERNAL_*) it does. Without the
+    attribute, assume it acts, as on every platform but that one."""
+    platform = getattr(handler, PLATFORM, None)
+    if platform is None:
+        _warn_once(f"PreemptionCheckpointHandler.{PLATFORM}", "the handler is trusted to act on this platform")
+    return getattr(platform, "name", "INTERNAL_CPU").startswith("INTERNAL")
