@@ -26,29 +26,34 @@ class PipeError(Exception):
 
 
 class Pipe:
-    def __init__(self, proc: subprocess.Popen, uri: str):
-        self.proc, self.uri = proc, uri
+    RESTARTS = 3  # a killed MLflow process is started again, this many times in a run
+
+    def __init__(self, uri: str):
+        self.uri = uri
         self._ids, self._waiting, self._lock = itertools.count(1), {}, threading.Lock()
-        self._gone: str | None = None
-        self._reader = threading.Thread(target=self._read, name="mlflow-pipe", daemon=True)
-        self._reader.start()
+        self.restarts = 0
+        self._closing = False
+        self._start()
 
     @classmethod
     def spawn(cls, uri: str) -> "Pipe":
-        """Start the MLflow process (from the main thread: it dies with the thread that started it)."""
-        env = dict(os.environ, MLFLOW_TRACKING_URI=uri)  # not in argv, where credentials would show in `ps`
-        proc = procs.popen(
-            [sys.executable, "-m", "runner.mlflow_process", str(os.getpid())],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        return cls(proc, uri)
+        """Start the MLflow process now, so that it imports mlflow while this process goes on."""
+        return cls(uri)
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
+    def _start(self) -> None:
+        env = dict(os.environ, MLFLOW_TRACKING_URI=self.uri)  # not in argv, where credentials would show in `ps`
+        argv = [sys.executable, "-m", "runner.mlflow_process", str(os.getpid())]
+        options = dict(env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        # It dies with the thread that starts it (procs.popen): only the main thread lives as long as the run. A
+        # restart from the sender thread is a plain child, which ends when its stdin closes with this process.
+        main = threading.current_thread() is threading.main_thread()
+        self.proc = procs.popen(argv, **options) if main else subprocess.Popen(argv, **options)
+        self._gone: str | None = None
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), name="mlflow-pipe", daemon=True)
+        self._reader.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
             try:
                 message = json.loads(line)
             except json.JSONDecodeError:  # not ours (a library printing to stdout): pass it on
@@ -65,15 +70,30 @@ class Pipe:
                 waiter.set_exception((ConfigError if message.get("config") else PipeError)(message["error"]))
             else:
                 waiter.set_result(message.get("ok"))
+        gone = f"the MLflow process (pid {proc.pid}) ended"
         with self._lock:
-            self._gone = f"the MLflow process (pid {self.proc.pid}) ended"
+            if proc is self.proc:
+                self._gone = gone
             waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
-            waiter.set_exception(PipeError(self._gone))
+            waiter.set_exception(PipeError(gone))
+
+    def _restart_if_gone(self) -> None:
+        """(Under the lock.) A killed MLflow process (the OOM killer, a stray `pkill`) is started again: calls carry
+        the run id, so the new one takes over where the old one stopped. Calls in flight then failed and are retried
+        by RunLog."""
+        if self._gone is None or self._closing or self.restarts >= self.RESTARTS:
+            return
+        self.restarts += 1
+        old = self.proc.pid
+        self._start()
+        log.warning("the MLflow process (pid %d) ended; started another (pid %d, restart %d/%d)", old, self.proc.pid,
+                    self.restarts, self.RESTARTS)  # fmt: skip
 
     def call(self, op: str, **args):
         waiter: Future = Future()
         with self._lock:
+            self._restart_if_gone()
             if self._gone:
                 raise PipeError(self._gone)
             number = next(self._ids)
@@ -110,6 +130,7 @@ class Pipe:
 
     def close(self) -> None:
         """End the MLflow process: it finishes the calls it has, then exits (killed if one is stuck)."""
+        self._closing = True
         try:
             self.proc.stdin.close()
         except OSError:
