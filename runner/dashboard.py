@@ -1,7 +1,7 @@
 """`python -m runner.dashboard`: the MLflow UI for the runner's store, on 127.0.0.1.
 
-Starts `mlflow server` with one worker and no job execution (up in ~5 s and ~500 MB instead of ~14 s and
-~2.3 GB) in its own process group, waits until its /health answers, then prints the address of the
+Starts `mlflow server` with one worker and no job execution (up several times faster, in a fraction of the
+memory: docs/benchmarks.md) in its own process group, waits until its /health answers, then prints the address of the
 model-training view (MLflow 3 opens experiments in a GenAI view). Quiet by default: no line per HTTP request
 and no deprecation warnings from the server's libraries (--verbose brings them back).
 """
@@ -55,7 +55,7 @@ def probe_address(host: str, port: int) -> str:
 
 
 def port_problem(host: str, port: int):
-    """Why the server could not bind host:port (checked first: its own error comes only after ~5 s of start-up)."""
+    """Why the server could not bind host:port (checked first: its own error comes only after its start-up)."""
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict

@@ -28,8 +28,8 @@ def _hydra_overrides():
 def _import_tensorflow(devices_cfg):
     """Import TensorFlow and lay out devices, with its C++ start-up chatter hidden."""
     with native_stderr_captured():
-        # The import makes ~300k long-lived objects, and the collector rescans all of them again and again as
-        # they pile up: ~0.6 s of a 2.3 s import here. Collect nothing during it, then keep them out of its way.
+        # The import makes hundreds of thousands of long-lived objects, and the collector rescans them again and
+        # again as they pile up (docs/benchmarks.md). Collect nothing during it, then keep them out of its way.
         gc.disable()
         try:
             import tensorflow as tf

@@ -195,7 +195,7 @@ def started(client, run, epochs: int | None = None, owner: int | None = None) ->
     me = procs.identity(owner)
     tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + ([RunTag(EPOCHS_TAG, str(epochs))] if epochs else [])
     client.log_batch(run.info.run_id, tags=tags)
-    # Housekeeping off the critical path (a search over the experiment's runs, ~0.2 s): in the background.
+    # Housekeeping off the critical path (a search over the experiment's runs): in the background.
     threading.Thread(
         target=fail_dead_runs,
         name="mlflow-stale-runs",

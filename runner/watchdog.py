@@ -68,7 +68,7 @@ _client = None
 
 
 def prepare(run) -> None:
-    """Import MLflow and open the store ahead of need (1-2 s): while the grace period runs, not after it."""
+    """Import MLflow and open the store ahead of need (seconds): while the grace period runs, not after it."""
     global _client
     if _client is None and run and run[0] and os.environ.get("MLFLOW_TRACKING_URI"):
         try:

@@ -108,7 +108,7 @@ register(
     build=_loader("synthetic"),
     example_bytes=lambda cfg: 4 * cfg.num_features + 4,
     generates=3,
-)  # drawn in float64 and cast: ~3x while made
+)  # drawn in float64, then cast: `generates` is the peak memory per example while made
 register(
     "data",
     "digits",
