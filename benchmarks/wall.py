@@ -35,8 +35,8 @@ AFTER_TRAINING = ("evaluation", "save", "mlflow end", "exit")
 
 
 class Wall:
-    def __init__(self, workdir, gbs):
-        self.workdir, self.gbs, self.count = workdir, gbs, 0
+    def __init__(self, workdir, gbs, extra=()):
+        self.workdir, self.gbs, self.count, self.extra = workdir, gbs, 0, list(extra)
 
     def _time(self, argv):
         self.count += 1
@@ -67,6 +67,7 @@ class Wall:
                 f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
                 "mlflow.experiment_name=wall",
                 f"mlflow.enabled={str(mlflow).lower()}",
+                *self.extra,
             ]
         )
         found = re.search(r"phases: (.*)", out)
@@ -113,6 +114,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--slope-steps", type=int, default=300, help="the shorter run of the per-step slope (0: no slope)")
+    p.add_argument("--only-end", action="store_true", help="only the cost after the last step (--end-steps)")
+    p.add_argument("--runner-args", default="", help="more overrides for every runner run, space-separated")
     p.add_argument("--end-steps", default="1000,10000,100000", help="run lengths for the cost after the last step ('': none)")
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, not with --quick)")
@@ -120,24 +123,29 @@ def main(argv=None):
     rows = ROWS
     if args.quick:
         rows, args.rounds, args.steps, args.slope_steps, args.end_steps = ROWS[1:2], 1, 20, 10, "20"
-    w = Wall(tempfile.mkdtemp(prefix="runner-wall-"), args.global_batch)
+    w = Wall(tempfile.mkdtemp(prefix="runner-wall-"), args.global_batch, args.runner_args.split())
     lines = []
 
     def say(text):
         lines.append(text)
         print(text, flush=True)
 
-    say(
-        f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved "
-        "round(s), medians"
-    )
-    say("")
-    say(
-        "| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | "
-        "speed, runner / script | after the last step (s) | runner phases, MLflow on (s) |"
-    )
-    say("|---|---|---|---|---|---|---|---|---|")
-    for strategy, cpus, executor in rows:
+    if args.runner_args:
+        say(f"Every runner run with: {args.runner_args}")
+        say("")
+    main_rows = [] if args.only_end else rows
+    if main_rows:
+        say(
+            f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved "
+            "round(s), medians"
+        )
+        say("")
+        say(
+            "| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | "
+            "speed, runner / script | after the last step (s) | runner phases, MLflow on (s) |"
+        )
+        say("|---|---|---|---|---|---|---|---|---|")
+    for strategy, cpus, executor in main_rows:
         res = interleaved(
             {
                 "on": lambda: w.runner(strategy, cpus, executor, args.steps),
@@ -154,7 +162,7 @@ def main(argv=None):
             f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
             f"{script / on:.3f} | {after:.2f} | {breakdown} |"
         )
-    if args.slope_steps:
+    if args.slope_steps and main_rows:
         say("")
         say(f"Per-step slope from whole-process times, ({args.steps} - {args.slope_steps} steps), medians:")
         say("")
