@@ -135,6 +135,33 @@ def enumerations(cfg):
     )
 
 
+def unknown_keys(node, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """(full key, the keys its node has) for every key a schema does not declare. Hydra refuses such keys while it
+    composes, except when they are added with `+key=value`, which bypasses the schema."""
+    kind = OmegaConf.get_type(node)
+    known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    found = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if known is not None and key not in known:
+            found.append((full, known))
+        elif isinstance(node._get_node(key), DictConfig):
+            found += unknown_keys(node[key], full + ".")
+    return found
+
+
+@check
+def no_unknown_keys(cfg):
+    found = unknown_keys(cfg)
+    if found:
+        key, known = found[0]
+        parent = key.rsplit(".", 1)[0] if "." in key else "the config"
+        raise ConfigError(
+            f"{key} is not a key of {parent} (added with +{key}=...?); its keys are: {', '.join(known)}. "
+            "Remove it, or correct its name."
+        )
+
+
 def _selected(cfg):
     """The registered option of each group; an unknown one (a YAML without its registration) is refused here."""
     return {group: registry.selected(cfg, group) for group in registry.GROUPS}

@@ -99,6 +99,11 @@ def refusal(*overrides) -> str:
         (["cluster.workers=2"], ["cluster.workers"]),  # cluster=localhost's, not cluster=local's
         (["executor.verbose=loud"], ["executor.verbose", "loud"]),
         (["data.task=ranking"], ["data.task", "ranking"]),
+        # `+key=` adds a key past the schema while composing: the runner's own check refuses it, naming the keys there
+        (["+train.extra=1"], ["train.extra", "epochs, steps_per_epoch"]),
+        (["strategy=mirrored", "+strategy.devicez=[/cpu:0]"], ["strategy.devicez", "devices"]),
+        (["+train.optimizer.momentun=0.9"], ["train.optimizer.momentun", "learning_rate"]),
+        (["+stratgy=mirrored"], ["stratgy", "strategy, cross_device_ops"]),
         (
             ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.kind=weird"],
             ["strategy.variable_partitioner.kind", "weird"],
