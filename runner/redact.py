@@ -14,8 +14,13 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_uri(text: str) -> str:
-    """http://user:pass@host -> http://user:***@host (anywhere in the text)."""
-    return _URI_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", str(text))
+    """http://user:pass@host -> http://user:***@host, and http://token@host -> http://***@host: a user part with
+    no password is how a token is given (anywhere in the text)."""
+
+    def mask(m) -> str:
+        return f"{m['scheme']}{m['user']}:{MASK}@" if m.group(3) is not None else f"{m['scheme']}{MASK}@"
+
+    return _URI_CREDENTIALS.sub(mask, str(text))
 
 
 def _secret_values():

@@ -36,6 +36,8 @@ def test_ordinary_names(name):
         ("postgresql+psycopg2://u:pw@db:5432/mlflow", "postgresql+psycopg2://u:***@db:5432/mlflow"),
         # every URI in a longer text
         ("from http://a:x@h1 to https://b:y@h2 now", "from http://a:***@h1 to https://b:***@h2 now"),
+        # a token as the whole user part, no password: the token itself is masked
+        ("https://ghp_0123456789abcdef@mlflow.example.com", "https://***@mlflow.example.com"),
     ],
 )
 def test_uri_credentials_are_masked(text, expected):
