@@ -128,13 +128,16 @@ def write_report(uri: str, parent_id: str, sweep_dir: str) -> list[str]:
     )
     pairs = sorted(zip(runs, [_row(r) for r in runs]), key=lambda p: p[1]["job"])
     runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
-    results = [json.load(open(f)) for f in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json"))]
-    failed = sorted(f"#{s['num']} ({' '.join(s['overrides'])})" for s in results if s["returncode"])
-    failed += sorted(
+    results = []
+    for path in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json")):
+        with open(path) as f:
+            results.append(json.load(f))
+    failed = [f"#{s['num']} ({' '.join(s['overrides'])})" for s in sorted(results, key=lambda s: s["num"]) if s["returncode"]]
+    failed += [
         f"#{r['job']} ({r['run']})"
-        for r in rows
+        for r in rows  # in job order
         if r["status"] != "FINISHED" and not any(s["num"] == r["job"] and s["returncode"] for s in results)
-    )
+    ]
     with open(os.path.join(sweep_dir, "report.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
