@@ -142,9 +142,9 @@ def main(argv=None):
         say("")
         say(
             "| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | "
-            "speed, runner / script | after the last step (s) | runner phases, MLflow on (s) |"
+            "speed, runner / script | after the last step (s) | runner phases, MLflow on (s) | MLflow off (s) |"
         )
-        say("|---|---|---|---|---|---|---|---|---|")
+        say("|---|---|---|---|---|---|---|---|---|---|")
     for strategy, cpus, executor in main_rows:
         res = interleaved(
             {
@@ -158,9 +158,10 @@ def main(argv=None):
         phases = median_phases(res["on"])
         after = sum(phases.get(k, 0.0) for k in AFTER_TRAINING)
         breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+        off_breakdown = ", ".join(f"{k} {v:.2f}" for k, v in median_phases(res["off"]).items())
         say(
             f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
-            f"{script / on:.3f} | {after:.2f} | {breakdown} |"
+            f"{script / on:.3f} | {after:.2f} | {breakdown} | {off_breakdown} |"
         )
     if args.slope_steps and main_rows:
         say("")

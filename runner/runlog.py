@@ -14,7 +14,7 @@ from runner import journal, outbox
 from runner.redact import redact, redact_mapping, redact_uri
 
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
-FLUSH_EVERY_SEC = 30.0
+FLUSH_EVERY_SEC = 5.0  # mlflow.flush_every_sec (runner/schema.py)
 JOURNAL_EVERY_SEC = 1.0  # what a kill -9 can lose at most
 
 log = logging.getLogger("runner")

@@ -37,7 +37,7 @@ def test_the_default_experiment_is_readmes():
 def test_documented_defaults():
     cfg = composed()
     assert cfg.mlflow.tracking_uri is None and cfg.mlflow.enabled is True  # None: $MLFLOW_TRACKING_URI, else ./mlflow.db
-    assert cfg.mlflow.flush_every_sec == 30 and cfg.mlflow.delivery_timeout_sec == 120
+    assert cfg.mlflow.flush_every_sec == 5 and cfg.mlflow.delivery_timeout_sec == 120
     assert cfg.checkpoint.enabled is True and cfg.checkpoint.dir is None  # <output_dir>/checkpoints
     assert cfg.resume is None and cfg.save_model is True
     assert cfg.cluster.start_timeout_sec == 120
