@@ -210,7 +210,7 @@ def load_source(cfg, count: bool = True) -> TFRecordSource:
     with_ids = cfg.record_ids_dir is not None
     for key, files in (("data.train_files", train), ("data.eval_files", evals)):
         local = [f for f in files if not remote(f)]
-        filled = [check_file(key, f, features, with_ids) for f in local]
+        filled = [check_file(key, f, features, with_ids and files is train) for f in local]  # ids: training only
         if local and not any(filled) and len(local) == len(files):
             raise ConfigError(f"{key}: the {len(local)} file(s) it matches hold no records.")
     records = _records(train, spec_file) if count else None
