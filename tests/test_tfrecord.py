@@ -205,7 +205,7 @@ def test_mwms_workers_read_disjoint_records_covering_the_epoch_once(runner, file
     print(f"mwms {policy} {executor} {input}: worker 0 read {len(a)}, worker 1 {len(b)}, union {len(a | b)} of 256, each once")
 
 
-@pytest.mark.parametrize("policy,executor", [("file", "fit"), ("data", "fit")])  # custom_loop: refused, see data_sources
+@pytest.mark.parametrize("policy,executor", [("file", "custom_loop"), ("data", "fit")])
 def test_parameter_server_workers_read_disjoint_shards(runner, files, tmp_path, policy, executor):
     ids = tmp_path / "ids"
     result = runner(

@@ -167,13 +167,3 @@ def test_the_probe_refuses_before_tensorflow_and_numpy_input(tmp_path):
         with pytest.raises(ConfigError, match=needle) as err:
             validate(cfg)
         assert err.value.exit_code == 2
-
-
-def test_record_ids_under_the_parameter_server_custom_loop_are_refused(tmp_path):
-    from runner.validate import check_config
-
-    overrides = ["data=tfrecord", "data.train_files=x", f"data.record_ids_dir={tmp_path}", "strategy=parameter_server"]
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, "cluster=localhost", "cluster.ps=1", "executor=custom_loop"])
-    with pytest.raises(ConfigError, match="executor=fit"):
-        check_config(cfg)

@@ -171,11 +171,6 @@ def _tfrecord_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_
 
 
 def _tfrecord_streams(cfg):
-    if cfg.data.record_ids_dir is not None and cfg.strategy.name == "parameter_server" and cfg.executor.name == "custom_loop":
-        raise ConfigError(
-            "data.record_ids_dir with strategy=parameter_server works with executor=fit only: under the custom loop the "
-            "coordinator crashed (SIGSEGV) after a few logged steps in TensorFlow 2.21. Use executor=fit to log record ids."
-        )
     if cfg.data.input == Input.numpy:
         raise ConfigError(
             "data.input=numpy needs the data in memory, and data=tfrecord streams it from files; "

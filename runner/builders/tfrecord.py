@@ -152,7 +152,9 @@ class TFRecordData(Data):
         import tensorflow as tf
 
         x, y, ids = batch
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        # parameter_server has one replica per worker; asking its replica context for the id inside the custom loop's
+        # tf.range loop crashed the coordinator (SIGSEGV after a few steps, TensorFlow 2.21)
+        replica = 0 if self.parameter_server else tf.distribute.get_replica_context().replica_id_in_sync_group
         tf.print("ids", replica, tf.reshape(ids, [-1]), summarize=-1, output_stream=f"file://{self.ids_file}")
         return x, y
 
