@@ -161,6 +161,8 @@ def describe(cfg) -> str:
 def load(cfg) -> ArrayData:
     """Load the source, then check it: lengths, shapes, dtypes, finite values, labels (runner/data_checks.py)."""
     data = registry.get("data", cfg.name).build(cfg)  # each source's loader, registered in runner/builders/data_sources.py
+    if getattr(data, "streamed", False):
+        return data  # data=tfrecord: files, checked record by record in runner/tfrecord_source.py, never loaded here
     names = {k: cfg[k] for k in ("x_train", "y_train", "x_eval", "y_eval")} if cfg.name == "npz" else None
     data_checks.check_data(data, describe(cfg), names)
     return data

@@ -134,7 +134,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         }
     )
     arrays = datasets.load(cfg.data)
-    data = build_data(cfg.data, arrays, cfg.train, replicas)
+    parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    data = build_data(cfg.data, arrays, cfg.train, replicas, cluster, parameter_server)
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
     if cfg.train.mixed_precision:
         tf_keras.mixed_precision.set_global_policy("mixed_float16")

@@ -42,6 +42,9 @@ GROUPS: dict[str, tuple] = {
         {
             "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
             "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
+            # fn(data cfg, loaded source, train cfg, replicas, cluster, parameter_server) -> a Data (runner/builders/data.py)
+            # for a source that streams from files and builds its own tf.data pipeline (data=tfrecord); None: arrays
+            "pipeline": None,
         },
     ),
     "executor": ("runner.builders.executor", {}),

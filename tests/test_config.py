@@ -29,7 +29,7 @@ def composed(*overrides):
         ),
         ("cross_device_ops", ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring"]),
         ("model", ["linear", "mlp", "cnn"]),
-        ("data", ["ones", "synthetic", "digits", "npz"]),
+        ("data", ["ones", "synthetic", "digits", "npz", "tfrecord"]),
         ("executor", ["fit", "custom_loop"]),
         ("cluster", ["local", "localhost", "tf_config", "slurm", "tpu"]),
     ],

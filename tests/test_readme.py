@@ -88,6 +88,8 @@ def kind_of(tokens):
         return "dashboard", None
     if tokens[:3] == ["python", "-m", "runner.deliver"]:
         return "deliver", None
+    if tokens[:3] == ["python", "-m", "runner.export"]:
+        return "export", None
     if tokens[:3] == ["python", "-m", "benchmarks.gpu_scaling"]:
         return "gpu-benchmark", None  # runs: on a machine without GPUs it must refuse clearly
     if tokens[:3] == ["python", "-m", "benchmarks.run"]:
@@ -107,6 +109,8 @@ def kind_of(tokens):
         return "help", None
     if "--cfg" in args:
         return "cfg", None
+    if "data=tfrecord" in args:
+        return "tfrecord", None  # reads the files README's export command writes: run after it
     if "strategy=tpu" in args:
         return "tpu", None  # runs: without a TPU README promises an error within seconds
     if "cluster=localhost" in args:
@@ -423,6 +427,27 @@ def check_deliver(scratch, args, proc):
     _ok(proc)
 
 
+def run_export(scratch, tokens):
+    return scratch.run(_python(tokens), timeout=300)
+
+
+def check_export(scratch, args, proc):
+    _ok(proc)
+    out = Path(scratch.root) / args[args.index("--out") + 1]
+    assert (out / "tfrecord.json").exists() and len(list(out.glob("train-*.tfrecord"))) == int(args[args.index("--shards") + 1])
+
+
+def run_tfrecord(scratch, tokens, results):
+    """A data=tfrecord command, on the files README's export command wrote in the same working directory."""
+    exported = next(k for k, (kind, _) in KINDS.items() if kind == "export")
+    _ok(results(exported))
+    return (run_cluster if "cluster=localhost" in tokens else run_training)(scratch, tokens)
+
+
+def check_tfrecord(scratch, args, result):
+    (check_cluster if "cluster=localhost" in args else check_training)(scratch, args, result)
+
+
 def run_benchmark(scratch, tokens):
     out = scratch.dir("bench") / "benchmarks.md"
     out.parent.mkdir(parents=True)
@@ -483,8 +508,9 @@ RUNNERS = {
     "benchmark-loop": run_benchmark,
     "benchmark-wall": run_benchmark,
     "gpu-benchmark": lambda s, t: s.run(_python(t), cwd=ROOT, timeout=120),
+    "export": run_export,
 }
-DEPENDENT = {"resume": run_resume, "deliver": run_deliver}
+DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord}
 CHECKS = {
     "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
     "train": check_training,
@@ -501,6 +527,8 @@ CHECKS = {
     "benchmark-loop": check_benchmark,
     "benchmark-wall": check_benchmark,
     "gpu-benchmark": check_gpu_benchmark,
+    "export": check_export,
+    "tfrecord": check_tfrecord,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}
@@ -534,5 +562,9 @@ def test_readme_command(command, results):
         pytest.skip(f"{command}: {reason}")
     scratch, result = results
     tokens = TOKENS[command]
-    args = tokens if kind in ("setup", "dashboard", "deliver") or kind.startswith(("benchmark", "gpu")) else _runner_args(tokens)
+    args = (
+        tokens
+        if kind in ("setup", "dashboard", "deliver", "export") or kind.startswith(("benchmark", "gpu"))
+        else _runner_args(tokens)
+    )
     CHECKS[kind](scratch, args, result(command))

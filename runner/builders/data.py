@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from runner import registry
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ class Data:
         n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
         return self._pipeline(self.arrays.x_train[i::n], self.arrays.y_train[i::n], batch, train=True)
 
+    def strip_ids(self, batch):
+        """A training batch as (x, y), called at the top of each training step: record ids ride along only with
+        data=tfrecord's data.record_ids_dir (runner/builders/tfrecord.py)."""
+        return batch
+
     def fit_input(self, dataset_creator: bool = False):
         """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator (always, for parameter_server)."""
         if self.input == "numpy" and not dataset_creator:
@@ -84,7 +90,8 @@ class Data:
         return strategy.experimental_distribute_dataset(self.eval_dataset())
 
 
-def build_data(cfg, arrays, train_cfg, num_replicas: int) -> Data:
+def build_data(cfg, arrays, train_cfg, num_replicas: int, cluster=None, parameter_server: bool = False) -> Data:
+    """`cluster` and `parameter_server` say how a streamed source (data=tfrecord) shards its files over workers."""
     from runner.data_checks import check_batch_memory
 
     gbs = train_cfg.global_batch_size
@@ -110,6 +117,9 @@ def build_data(cfg, arrays, train_cfg, num_replicas: int) -> Data:
             num_replicas,
             "/".join(map(str, shards)),
         )
+    pipeline = registry.get("data", cfg.name).caps.pipeline
+    if pipeline is not None:  # data=tfrecord: files, streamed (runner/builders/tfrecord.py)
+        return pipeline(cfg, arrays, train_cfg, num_replicas, cluster, parameter_server)
     n = len(arrays.x_train)
     if train_cfg.steps_per_epoch is None and n < gbs:
         raise ConfigError(

@@ -5,6 +5,7 @@ its YAML is conf/data/<name>.yaml. runner/builders/data.py turns the arrays into
 import os
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -71,6 +72,36 @@ class NpzDataConfig(DataConfig):
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
 
 
+class SpecTask(StrEnum):  # data=tfrecord's data.task: what the spec file says unless set
+    auto = "auto"
+    classification = "classification"
+    regression = "regression"
+
+
+class ShardPolicy(StrEnum):  # data.shard_policy -> tf.data.experimental.AutoShardPolicy (runner/builders/tfrecord.py)
+    auto = "auto"  # by file when every worker gets a file, else by record
+    file = "file"  # each worker reads its own files
+    data = "data"  # every worker reads every file and keeps its own records
+    off = "off"  # every worker reads everything
+
+
+@dataclass
+class TFRecordDataConfig(DataConfig):
+    # A glob pattern or a list of patterns/files: local paths, or anything tf.io.gfile reads (gs://...).
+    train_files: Any = MISSING
+    eval_files: Any = None  # None: evaluate on the training files
+    # {name: {dtype: float32|int64, shape: [...]}}; null: the spec file runner.export writes beside the files
+    # (tfrecord.json). Untyped for Hydra, which cannot add keys to a typed dict from the command line: checked in
+    # runner/tfrecord_source.py instead.
+    features: Any = None
+    label: str | None = None  # the feature that is the label; null: the spec file's
+    task: str = choice(SpecTask, "auto")  # auto: the spec file's, else classification
+    num_classes: int | None = ranged(None, ge=2, null="the spec file's")
+    shard_policy: str = choice(ShardPolicy, "auto")
+    num_parallel_reads: int = ranged(4, ge=1)  # files read at once (interleave)
+    record_ids_dir: str | None = None  # debug: log the `id` of every record each replica trains on, one file per task
+
+
 def _loader(name: str):
     """The source's loader in runner/datasets.py (NumPy: imported when loading, not by config-only commands)."""
 
@@ -118,3 +149,42 @@ register(
     example_bytes=lambda cfg: 4 * 64 + 4,
 )
 register("data", "npz", schema=NpzDataConfig, help="your own .npz file", build=_loader("npz"), probe=_npz_file_exists)
+
+
+def _tfrecord_source(cfg):
+    from runner.tfrecord_source import load_source
+
+    return load_source(cfg)
+
+
+def _tfrecord_files_readable(cfg):
+    """Files match, are TFRecord, and hold the spec's features: checked before TensorFlow starts."""
+    from runner.tfrecord_source import load_source
+
+    load_source(cfg.data, count=False)
+
+
+def _tfrecord_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_server):
+    from runner.builders.tfrecord import build_tfrecord_data  # TensorFlow's pipeline: imported when training
+
+    return build_tfrecord_data(cfg, source, train_cfg, num_replicas, cluster, parameter_server)
+
+
+def _tfrecord_streams(cfg):
+    if cfg.data.input == Input.numpy:
+        raise ConfigError(
+            "data.input=numpy needs the data in memory, and data=tfrecord streams it from files; "
+            "use data.input=tf_data or data.input=from_function."
+        )
+
+
+register(
+    "data",
+    "tfrecord",
+    schema=TFRecordDataConfig,
+    help="TFRecord files of tf.train.Example, streamed and sharded per worker (python -m runner.export writes them)",
+    build=_tfrecord_source,
+    probe=_tfrecord_files_readable,
+    check=_tfrecord_streams,
+    pipeline=_tfrecord_pipeline,
+)

@@ -21,7 +21,7 @@ from runner.executors.replica_losses import ShardLosses
 from runner.stopping import StopGuard
 
 
-def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int, replicas: int, shard_losses):
+def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int, replicas: int, shard_losses, strip_ids):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
     One worker with several replicas (shard_losses, a ShardLosses): each replica writes its shard loss on its own
@@ -33,6 +33,7 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
     import tf_keras
 
     local = shard_losses is not None
+    strip_ids = tf.autograph.experimental.do_not_convert(strip_ids)  # (x, y): record ids ride along only when debugging
 
     class ReplicaLossModel(tf_private.ResumeInsideEpoch, tf_keras.Model):  # resumes at initial_step, inside an epoch too
         def __init__(self):
@@ -59,7 +60,7 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
             return self.train_function
 
         def train_step(self, data):
-            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(strip_ids(data))
             with tf.GradientTape() as tape:
                 y_pred = self(x, training=True)
                 loss = self.compute_loss(x, y, y_pred, sample_weight)
@@ -180,7 +181,13 @@ def run_fit(job: Job) -> Result:
     shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
     with job.strategy.scope():
         model = _replica_loss_model(
-            job.model, build_loss(job.loss, tf_keras.losses.Reduction.NONE), gather, initial_step, job.replicas, shard_losses
+            job.model,
+            build_loss(job.loss, tf_keras.losses.Reduction.NONE),
+            gather,
+            initial_step,
+            job.replicas,
+            shard_losses,
+            job.data.strip_ids,
         )
         model.compile(
             optimizer=job.optimizer,
