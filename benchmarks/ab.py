@@ -15,24 +15,14 @@ import sys
 import tempfile
 import time
 
-ROWS = [
-    ("default", 1, "fit"),
-    ("default", 1, "custom_loop"),
-    ("mirrored", 4, "fit"),
-    ("mirrored", 4, "custom_loop"),
-    ("central_storage", 2, "fit"),
-    ("central_storage", 2, "custom_loop"),
-]
+from benchmarks.wall import ROWS, runner_argv
 
 
 def run(tree, workdir, strategy, cpus, executor, steps, gbs):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["PYTHONPATH"] = tree
-    argv = [
-        sys.executable, "-m", "runner", f"strategy={strategy}", f"executor={executor}", f"devices.logical_cpus={cpus}",
-        f"train.global_batch_size={gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}", "data.num_examples=4096",
-        "data.eval_examples=256", "executor.verbose=0", "mlflow.enabled=false", f"hydra.run.dir={tempfile.mkdtemp(dir=workdir)}",
-    ]  # fmt: skip
+    argv = [*runner_argv(strategy, cpus, executor, steps, gbs), "mlflow.enabled=false",
+            f"hydra.run.dir={tempfile.mkdtemp(dir=workdir)}"]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=workdir, env=env, timeout=1800)
     wall = time.perf_counter() - started

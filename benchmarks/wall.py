@@ -34,6 +34,15 @@ ROWS = [
 AFTER_TRAINING = ("evaluation", "save", "mlflow end", "exit")
 
 
+def runner_argv(strategy, cpus, executor, steps, gbs):
+    """`python -m runner` for one row, one epoch of `steps` steps (the benchmarks add their own outputs)."""
+    return [
+        sys.executable, "-m", "runner", f"strategy={strategy}", f"executor={executor}", f"devices.logical_cpus={cpus}",
+        f"train.global_batch_size={gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}", "data.num_examples=4096",
+        "data.eval_examples=256", "executor.verbose=0",
+    ]  # fmt: skip
+
+
 class Wall:
     def __init__(self, workdir, gbs, extra=()):
         self.workdir, self.gbs, self.count, self.extra = workdir, gbs, 0, list(extra)
@@ -51,18 +60,7 @@ class Wall:
     def runner(self, strategy, cpus, executor, steps, mlflow=True):
         wall, out = self._time(
             [
-                sys.executable,
-                "-m",
-                "runner",
-                f"strategy={strategy}",
-                f"executor={executor}",
-                f"devices.logical_cpus={cpus}",
-                f"train.global_batch_size={self.gbs}",
-                "train.epochs=1",
-                f"train.steps_per_epoch={steps}",
-                "data.num_examples=4096",
-                "data.eval_examples=256",
-                "executor.verbose=0",
+                *runner_argv(strategy, cpus, executor, steps, self.gbs),
                 f"hydra.run.dir={self.workdir}/runs/{self.count}",
                 f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
                 "mlflow.experiment_name=wall",
