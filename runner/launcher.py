@@ -89,12 +89,13 @@ class Task:
         self.pumps.append(pump)
 
     def _pump(self, proc, lock):
-        for line in proc.stdout:
-            if stopping.NOTICE in line:
-                self.notified = True
-            with lock:
-                sys.stdout.write(f"[{self.name}] {line}")
-                sys.stdout.flush()
+        with proc.stdout:  # closed at EOF: a restarted task does not keep its dead predecessor's pipe open
+            for line in proc.stdout:
+                if stopping.NOTICE in line:
+                    self.notified = True
+                with lock:
+                    sys.stdout.write(f"[{self.name}] {line}")
+                    sys.stdout.flush()
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
