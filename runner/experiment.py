@@ -102,6 +102,7 @@ def run_experiment(cfg: DictConfig) -> dict:
 def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     import tf_keras
 
+    from runner.builders import strategy_auto
     from runner.builders.data import build_data
     from runner.builders.model import build_model, build_optimizer, loss_name
     from runner.builders.strategy import build_strategy
@@ -113,6 +114,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     joining = sentinel.deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster")
     with joining if waiting else contextlib.nullcontext():
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
+    strategy_auto.check_at_start(len(devices.gpus))
     replicas = strategy.num_replicas_in_sync
     placed = strategy_devices(strategy, devices)
     log.info(

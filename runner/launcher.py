@@ -150,14 +150,15 @@ def stop_all(tasks: list["Task"], grace: float) -> None:
 OWNED_KEYS = ("cluster", "resume", "hydra.run.dir", "checkpoint.dir", "mlflow.tracking_uri")
 
 
-def _task_overrides(overrides: list[str]) -> list[str]:
-    """The user's overrides, minus what the launcher decides for each task."""
+def _task_overrides(overrides: list[str], strategy: str) -> list[str]:
+    """The user's overrides, minus what the launcher decides for each task; the strategy as validate resolved it
+    (strategy=auto is decided once, here, not again in each task)."""
 
     def owned(override: str) -> bool:
         key = override.lstrip("+~").split("=", 1)[0]
-        return any(key == k or key.startswith(k + ".") for k in OWNED_KEYS)
+        return key == "strategy" or any(key == k or key.startswith(k + ".") for k in OWNED_KEYS)
 
-    return [o for o in overrides if not owned(o)]
+    return [*(o for o in overrides if not owned(o)), f"strategy={strategy}"]
 
 
 def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str) -> list[Task]:
@@ -181,7 +182,7 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str) ->
         run_dir = layout.task_dir(out, job, i)
         argv = contract.runner_command(
             [
-                *_task_overrides(overrides),
+                *_task_overrides(overrides, cfg.strategy.name),
                 "cluster=tf_config",
                 f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
                 f"hydra.run.dir={run_dir}",

@@ -19,7 +19,7 @@ from runner.errors import ConfigError
 # group -> (the module that registers its options, the capabilities an option may declare: their defaults)
 GROUPS: dict[str, tuple] = {
     "strategy": (
-        "runner.builders.strategy",
+        "runner.builders.strategy_auto",  # strategy=auto; it imports runner.builders.strategy, which registers the rest
         {
             "cross_device_ops": ("auto",),  # the cross_device_ops options it takes
             "multi_process": False,  # may run as one task of a cluster of processes (a cluster with `processes`)

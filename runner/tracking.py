@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from runner import contract, layout
+from runner.builders import strategy_auto
 from runner.errors import ConfigError
 from runner.mlflow_pipe import Pipe, PipeError
 from runner.redact import is_secret_name, redact_uri
@@ -160,6 +161,7 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
         "executor": cfg.executor.name,
         "strategy.name": cfg.strategy.name,
         "cluster.name": cfg.cluster.name,
+        **strategy_auto.tags(),
         **env_tags(),
     }
     try:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner import preflight, registry
+from runner.builders import strategy_auto
 from runner.errors import ConfigError
 from runner.fields import choices
 from runner.probes import tracking_problem, writable_dir_problem  # noqa: F401  (app.py and deliver.py import them from here)
@@ -35,7 +36,9 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """The pure checks, then the pre-flight probes (ports, TF_CONFIG, MLflow server, directories, files)."""
+    """strategy=auto resolved (it reads TF_CONFIG, Slurm's and CUDA's variables), the pure checks, then the
+    pre-flight probes (ports, TF_CONFIG, MLflow server, directories, files)."""
+    strategy_auto.resolve(cfg)
     check_config(cfg)
     preflight.preflight(cfg)
 

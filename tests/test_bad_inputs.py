@@ -209,7 +209,7 @@ WRONG_COMBOS = [
     (["strategy=one_device", "cross_device_ops=hierarchical_copy"], "cross_device_ops=hierarchical_copy"),
     (["strategy=mirrored", "cluster=localhost"], "cluster=localhost"),
     (["strategy=parameter_server", "cluster=localhost", "cluster.ps=0"], "cluster.ps"),
-    (["cluster=tpu"], "cluster=tpu"),
+    (["strategy=default", "cluster=tpu"], "cluster=tpu"),  # strategy=auto would pick tpu for it
     (["train.epochs=lots"], "train.epochs"),
     (["train.optimizer.learning_rate=fast"], "train.optimizer.learning_rate"),
 ]

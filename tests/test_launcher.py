@@ -103,12 +103,13 @@ def test_task_overrides_drop_what_the_launcher_decides_for_each_task():
         "clusters=2",
         "train.epochs=3",
     ]
-    assert launcher._task_overrides(given) == [
-        "strategy=multi_worker_mirrored",
+    assert launcher._task_overrides([*given, "strategy.collective_timeout_sec=5"], "multi_worker_mirrored") == [
         "checkpoint.every_n_steps=5",
         "mlflow.run_name=x",
         "clusters=2",
         "train.epochs=3",
+        "strategy.collective_timeout_sec=5",
+        "strategy=multi_worker_mirrored",  # as validate resolved it (strategy=auto is decided once, in the launcher)
     ]
 
 
@@ -131,9 +132,9 @@ def test_every_task_gets_its_tf_config_run_directory_and_the_launchs_run(tmp_pat
         assert t.run_dir == os.path.join(str(tmp_path), f"{t.type}-{t.index}")
         assert t.argv[:3] == [sys.executable, "-m", "runner"]
         assert t.argv[3:] == [
-            "strategy=parameter_server",
             "executor=custom_loop",
             "train.epochs=3",
+            "strategy=parameter_server",
             "cluster=tf_config",
             "cluster.start_timeout_sec=33.0",
             f"hydra.run.dir={t.run_dir}",

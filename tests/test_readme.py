@@ -212,6 +212,8 @@ def check_training(scratch, args, result):
     for metric in ("loss", "throughput/examples_per_sec", "time/train_sec", "eval/loss", "loss/replica_0"):
         assert metric in metrics, f"{metric} not logged; have {sorted(metrics)}"
     replicas = int(run.data.tags["num_replicas_in_sync"])
+    if not {"strategy", "experiment"} & {o.split("=", 1)[0] for o in _overrides(args)}:  # strategy=auto chose, and says so
+        assert run.data.tags["strategy.auto"].startswith(params["strategy.name"] + ": "), run.data.tags
     if params["strategy.name"] in ("mirrored", "central_storage"):
         assert replicas == int(params["devices.logical_cpus"])
     assert f"loss/replica_{replicas - 1}" in metrics and f"loss/replica_{replicas}" not in metrics
