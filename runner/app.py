@@ -1,12 +1,13 @@
 """Hydra entry point. Config-only paths (--help, --cfg, validation) never import TensorFlow."""
 
+import json
 import os
 import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import contract, schema
+from runner import contract, layout, schema
 from runner.errors import RunnerError
 from runner.probes import writable_dir_problem
 from runner.stopping import Stopped
@@ -44,22 +45,30 @@ def output_dir_problem(argv) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Validate, then train. Returns the run summary (MLflow run id, final metrics)."""
+    """Validate, then train. Returns the run summary (MLflow run id, final metrics), also written to summary.json."""
     validate(cfg)
     if cfg.cluster.name == "localhost":
         from runner.launcher import launch  # starts tf_config tasks; no TensorFlow in this process
 
-        return launch(cfg)
+        return _written(cfg, launch(cfg))
     from runner.tracking import prestart
 
     prestart(cfg)  # MLflow gets ready in its own process while this one imports TensorFlow
     from runner.experiment import run_experiment  # imports TensorFlow
 
-    return run_experiment(cfg)
+    return _written(cfg, run_experiment(cfg))
+
+
+def _written(cfg, summary: dict) -> dict:
+    """summary.json in the output directory, for whoever started this run (a sweep reads its objective there)."""
+    if cfg.output_dir and summary.get("steps") is not None:  # a trainer's (ps and evaluator tasks train nothing)
+        with open(layout.summary_path(cfg.output_dir), "w") as f:
+            json.dump({k: v for k, v in summary.items() if isinstance(v, (int, float, str))}, f, indent=1)
+    return summary
 
 
 @hydra.main(version_base="1.3", config_path="pkg://runner.conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -73,8 +82,7 @@ def main(cfg: DictConfig) -> None:
             sys.exit(2)
         from runner.sweep import run_sweep_job  # each job in a fresh process: devices are per process
 
-        run_sweep_job(cfg)
-        return
+        return run_sweep_job(cfg)  # the job's sweep.objective: what a sampling sweeper (Optuna) optimises
     try:
         run(cfg)
     except Stopped as err:

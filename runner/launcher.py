@@ -291,4 +291,17 @@ def launch(cfg: DictConfig) -> dict:
                 for pump in t.pumps:
                     pump.join(timeout=2)
         log.info("all %d tasks finished", len(tasks))
-        return {"run_id": run.run_id}
+        return {**_chief_summary(tasks), "run_id": run.run_id}
+
+
+def _chief_summary(tasks: list[Task]) -> dict:
+    """The chief task's summary.json (its final figures), when it wrote one."""
+    spec = json.loads(tasks[0].env["TF_CONFIG"])["cluster"]
+    for t in tasks:
+        if t.type != "evaluator" and layout.is_chief(t.type, t.index, spec):
+            try:
+                with open(layout.summary_path(t.run_dir)) as f:
+                    return json.load(f)
+            except (OSError, ValueError):
+                return {}
+    return {}

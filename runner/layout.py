@@ -32,6 +32,11 @@ def model_path(output_dir) -> str:
     return os.path.join(str(output_dir), MODEL_FILE)
 
 
+def summary_path(output_dir) -> str:
+    """The run's final figures as JSON (final loss, eval/*, throughput): what a sweep's job returns to its sweeper."""
+    return os.path.join(output_dir, "summary.json")
+
+
 def task_dir(output_dir, job: str, index: int) -> str:
     """A task's own run directory (its runner.log, its .hydra/) under cluster=localhost."""
     return os.path.join(str(output_dir), f"{job}-{index}")

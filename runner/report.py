@@ -117,8 +117,35 @@ def plots(client, runs, rows, out_dir) -> list[str]:
     return files
 
 
-def write_report(uri: str, parent_id: str, sweep_dir: str) -> list[str]:
-    """Write the report, log it to the parent run, end the parent run. Returns the failed jobs' labels."""
+def ranked(runs, rows, objective: str, direction: str):
+    """The jobs best first by their final `objective` (jobs without it last, in job order)."""
+    sign = -1.0 if direction == "maximize" else 1.0
+
+    def key(pair):
+        value = pair[0].data.metrics.get(objective)
+        return (value is None, sign * value if value is not None else 0.0, pair[1]["job"])
+
+    pairs = sorted(zip(runs, rows), key=key)
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _tag_best(client, parent_id: str, runs, objective: str) -> None:
+    best = runs[0] if runs and objective in runs[0].data.metrics else None
+    if best is None:
+        return
+    value = best.data.metrics[objective]
+    for name, tag in (("sweep.objective", objective), ("sweep.best_value", str(value)), ("sweep.best_run_id", best.info.run_id)):
+        client.set_tag(parent_id, name, tag)
+    client.set_tag(parent_id, "sweep.best_job", best.data.tags.get("sweep.job_num", ""))
+    client.set_tag(best.info.run_id, "sweep.best", "true")
+    print(f"best: job #{best.data.tags.get('sweep.job_num', '?')} ({best.info.run_name}), {objective}={value:.6g}")
+
+
+def write_report(
+    uri: str, parent_id: str, sweep_dir: str, objective: str | None = None, direction: str | None = None
+) -> list[str]:
+    """Write the report, log it to the parent run, end the parent run. Returns the failed jobs' labels. With an
+    objective (a sampling sweeper's), the rows are best first and the parent run is tagged with the best job."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
@@ -128,6 +155,9 @@ def write_report(uri: str, parent_id: str, sweep_dir: str) -> list[str]:
     )
     pairs = sorted(zip(runs, [_row(r) for r in runs]), key=lambda p: p[1]["job"])
     runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
+    if objective:
+        runs, rows = ranked(runs, rows, objective, direction or "minimize")
+        _tag_best(client, parent_id, runs, objective)
     results = []
     for path in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json")):
         with open(path) as f:

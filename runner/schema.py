@@ -71,6 +71,13 @@ class CheckpointConfig:
 
 
 @dataclass
+class SweepConfig:
+    # the metric a sampling sweeper (hydra/sweeper=optuna) optimises: each job returns its final value, read from
+    # the summary.json the job's own process writes; the report lists the jobs best first
+    objective: str = "eval/loss"
+
+
+@dataclass
 class RunnerConfig:
     strategy: Any = MISSING  # the groups: one schema per option, registered below
     cross_device_ops: Any = MISSING
@@ -82,6 +89,7 @@ class RunnerConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     resume: str | None = None  # an earlier run's output directory: continue its checkpoint and MLflow run
     save_model: bool = True  # save <output_dir>/model.keras and log it as an artifact
     # checkpoints, model, MLflow run id: resume=<dir> when given, else Hydra's run directory (`runner.or`: runner/app.py)

@@ -9,6 +9,7 @@ report is written and the sweep exits non-zero if any job failed.
 
 import json
 import logging
+import math
 import os
 import sys
 from typing import Any
@@ -45,8 +46,11 @@ def count_jobs(hydra_cfg) -> int | None:
     return total
 
 
-def run_sweep_job(cfg: DictConfig) -> int:
-    """The task function of one sweep job: run it in a fresh process, record how it ended."""
+def run_sweep_job(cfg: DictConfig) -> float:
+    """The task function of one sweep job: run it in a fresh process, record how it ended. Returns the job's final
+    value of sweep.objective, which a sampling sweeper (Optuna) optimises. A failed job, or one without that
+    figure, returns the worst value (inf when minimising): Optuna raises on a trial without a value once every
+    trial has failed, before the sweep's report is written, while the worst value lets the search go on."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
@@ -73,9 +77,29 @@ def run_sweep_job(cfg: DictConfig) -> int:
         status["error"] = "".join(tail)
         _record_failed_start(cfg, job_dir, env.get(contract.PARENT_RUN), num, overrides, status["error"])
         log.error("job %s failed (exit code %d); the sweep goes on", label, code)
+    objective = None if code else _objective(cfg.sweep.objective, job_dir, label)
+    status["objective"] = objective
     with open(_state(sweep_dir, f"job-{num}.json"), "w") as f:
         json.dump(status, f)
-    return code
+    worst = -math.inf if hc.sweeper.get("direction") == "maximize" else math.inf
+    return worst if objective is None else objective
+
+
+def _objective(metric: str, job_dir: str, label: str) -> float | None:
+    """The job's final value of `metric`, from the summary.json its own process wrote."""
+    from runner.layout import summary_path
+
+    try:
+        with open(summary_path(job_dir)) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        summary = {}
+    value = summary.get(metric)
+    if not isinstance(value, (int, float)):
+        figures = ", ".join(k for k, v in summary.items() if isinstance(v, (int, float))) or "none"
+        log.warning("job %s has no final %s (sweep.objective) to return; its figures: %s", label, metric, figures)
+        return None
+    return float(value)
 
 
 def cfg_uri(cfg) -> str:
@@ -156,7 +180,8 @@ class SweepCallback(Callback):
         sweep_dir, parent = config.hydra.sweep.dir, os.environ.get(contract.PARENT_RUN)
         if not parent:
             return
-        failed = write_report(cfg_uri(config), parent, sweep_dir)
+        direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
+        failed = write_report(cfg_uri(config), parent, sweep_dir, config.sweep.objective if direction else None, direction)
         if failed:
             print(
                 f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "

@@ -7,6 +7,7 @@ working directory (so README's default store, ./mlflow.db, is a fresh one there)
 README says it does: exit code, MLflow runs and metrics, files written.
 """
 
+import csv
 import itertools
 import os
 import re
@@ -308,13 +309,39 @@ def run_sweep(scratch, tokens):
     return proc, sweep_dir
 
 
+def _presets(args):
+    return [
+        yaml.safe_load((ROOT / "conf" / "experiment" / f"{a.split('=', 1)[1]}.yaml").read_text())
+        for a in args
+        if a.startswith("experiment=")
+    ]
+
+
 def expected_jobs(args):
+    """A sampling sweeper's n_trials (the command's, else its preset's), else the size of the grid."""
+    trials = [int(a.split("=", 1)[1]) for a in args if a.startswith("hydra.sweeper.n_trials=")]
+    trials += [p["hydra"]["sweeper"]["n_trials"] for p in _presets(args) if "n_trials" in p["hydra"]["sweeper"]]
+    if trials:
+        return trials[0]
     lists = [a.split("=", 1)[1].split(",") for a in args if "=" in a and not a.startswith("hydra")]
-    presets = [a.split("=", 1)[1] for a in args if a.startswith("experiment=")]
-    for name in presets:
-        preset = yaml.safe_load((ROOT / "conf" / "experiment" / f"{name}.yaml").read_text())
+    for preset in _presets(args):
         lists += [str(v).split(",") for v in preset["hydra"]["sweeper"]["params"].values()]
     return len(list(itertools.product(*lists)))
+
+
+def check_search(sweep_dir, parent, children):
+    """An Optuna search: each trial's objective is its own run's final eval/loss (from the job's process), the
+    report ranks them best first, and the parent run and the best child are tagged."""
+    losses = {c.info.run_id: c.data.metrics["eval/loss"] for c in children}
+    best = min(losses, key=losses.get)
+    assert parent.data.tags["sweep.best_run_id"] == best and parent.data.tags["sweep.objective"] == "eval/loss"
+    assert float(parent.data.tags["sweep.best_value"]) == losses[best]
+    assert [c.data.tags.get("sweep.best") for c in children if c.info.run_id == best] == ["true"]
+    with open(sweep_dir / "report.csv") as f:
+        ranked = [float(row["eval_loss"]) for row in csv.DictReader(f)]
+    assert ranked == sorted(losses.values())
+    optuna = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert optuna["best_value"] == pytest.approx(losses[best], rel=1e-6)  # what the job returned to Optuna
 
 
 def check_sweep(scratch, args, result):
@@ -332,8 +359,13 @@ def check_sweep(scratch, args, result):
     )
     assert len(children) == expected_jobs(args) == int(parent.data.tags["sweep.jobs"])
     assert all(c.info.status == "FINISHED" for c in children)
-    for name in ("report.csv", "report.md", "throughput.png", "loss_curves.png", "scaling_efficiency.png"):
+    search = "sweep.best_run_id" in parent.data.tags
+    for name in ("report.csv", "report.md", "throughput.png", "loss_curves.png"):
         assert (sweep_dir / name).exists(), f"{name} missing in {sweep_dir}"
+    if search:
+        check_search(sweep_dir, parent, children)
+    else:
+        assert (sweep_dir / "scaling_efficiency.png").exists(), "scaling_efficiency.png missing"
     assert not (scratch.root / "multirun").exists(), "a job started a sweep of its own"
     assert f"job #{len(children) - 1} ({len(children)} of {len(children)})" in proc.stdout
 

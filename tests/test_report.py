@@ -176,3 +176,24 @@ def test_markdown_has_a_header_a_rule_and_one_line_per_row():
     assert text.endswith("\n") and len(lines) == 4
     assert lines[1] == "|" + "---|" * len(report.COLUMNS)
     assert lines[3].startswith("| 1 | job-1 | FINISHED | s | fit | 1 | 100.0 |")
+
+
+@pytest.mark.parametrize("direction,order", [("minimize", ["2", "0", "1", "3"]), ("maximize", ["1", "0", "2", "3"])])
+def test_a_search_ranks_its_trials_by_the_objective_and_tags_the_best(sweep, direction, order):
+    client, parent, sweep_dir, job = sweep
+    ids = {
+        0: job(0, "default", "fit", replicas=1, examples_per_sec=10.0, losses=[0.5], returncode=0),  # eval/loss 0.55
+        1: job(1, "default", "fit", replicas=1, examples_per_sec=10.0, losses=[0.9], returncode=0),  # 0.99
+        2: job(2, "default", "fit", replicas=1, examples_per_sec=10.0, losses=[0.1], returncode=0),  # 0.11
+        3: job(3, "default", "fit", status="FAILED", returncode=1),  # no objective: last, whatever the direction
+    }
+
+    failed = report.write_report(client.tracking_uri, parent, str(sweep_dir), "eval/loss", direction)
+
+    assert [r["job"] for r in read_csv(sweep_dir / "report.csv")] == order
+    assert len(failed) == 1
+    best = ids[int(order[0])]
+    tags = client.get_run(parent).data.tags
+    assert tags["sweep.best_run_id"] == best and tags["sweep.best_job"] == order[0] and tags["sweep.objective"] == "eval/loss"
+    assert float(tags["sweep.best_value"]) == client.get_run(best).data.metrics["eval/loss"]
+    assert [n for n, i in ids.items() if client.get_run(i).data.tags.get("sweep.best") == "true"] == [int(order[0])]
