@@ -79,7 +79,7 @@ def find(cfg) -> str:
     if str(version) not in versions:
         raise ConfigError(
             f"data.version={version!r}: {name!r} is built in {root} at version(s) {', '.join(versions)} only. Use one "
-            f"of them (or null: the newest), or build that version with `{build(name, root, version)}`."
+            f"of them (or null: the newest), or build it with `{build(name, root, version)}`."
         )
     return os.path.join(directory, str(version))
 
@@ -161,16 +161,17 @@ def _examples(split: dict) -> int:
     return int(split.get("statistics", {}).get("numExamples", 0))
 
 
-def check(cfg) -> str:
-    """Everything checkable before TensorFlow: the dataset, version, splits and feature keys. Returns its directory."""
+def check(cfg) -> tuple[str, int]:
+    """Everything checkable before TensorFlow: the dataset, version, splits and feature keys. Returns its directory
+    and the examples data.split_train selects."""
     directory = find(cfg)
     info = _read_json(os.path.join(directory, "dataset_info.json"))
     sizes = {s["name"]: _examples(s) for s in info.get("splits", [])}
-    split_size("data.split_train", cfg.split_train, sizes)
+    train_examples = split_size("data.split_train", cfg.split_train, sizes)
     split_size("data.split_eval", eval_split(cfg, list(sizes)), sizes)
     features_file = os.path.join(directory, "features.json")
     if not os.path.isfile(features_file):
-        return directory  # older datasets: the feature keys are checked when tfds opens it
+        return directory, train_examples  # older datasets: the feature keys are checked when tfds opens it
     features = _read_json(features_file).get("featuresDict", {}).get("features", {})
     keys = supervised_keys(info)
     for key, value, i in (("data.image_key", cfg.image_key, 0), ("data.label_key", cfg.label_key, 1)):
@@ -182,7 +183,7 @@ def check(cfg) -> str:
         chosen = value if value is not None else keys[i]
         if features and chosen not in features:
             raise ConfigError(f"{key}={chosen!r} is not a feature of {cfg.dataset!r}; its features: {', '.join(features)}.")
-    return directory
+    return directory, train_examples
 
 
 @dataclass
@@ -211,7 +212,7 @@ def load_source(cfg) -> TFDSSource:
     """The data node -> TFDSSource. Imports tensorflow_datasets (and so TensorFlow): called when training starts."""
     import tensorflow_datasets as tfds
 
-    directory = check(cfg)
+    directory, _ = check(cfg)
     info = tfds.builder_from_directory(directory).info
     keys = info.supervised_keys or (None, None)
     image_key, label_key = cfg.image_key or keys[0], cfg.label_key or keys[1]

@@ -231,9 +231,9 @@ def _scale_and_size(cfg):
     parse_scale("data.scale", cfg.data.scale)
     size = cfg.data.image_size
     if (size is None and cfg.data.name == "image_folder") or (size is not None and len(size) != 2):
-        given = "is not set" if size is None else f"={list(size)} is not [height, width]"
+        given = " is not set" if size is None else f"={list(size)} is not [height, width]"
         raise ConfigError(
-            f"data.image_size {given}: data={cfg.data.name} resizes every image to it; give it, e.g. data.image_size=[64,64]."
+            f"data.image_size{given}: data={cfg.data.name} resizes every image to it; give it, e.g. data.image_size=[64,64]."
         )
 
 
@@ -243,11 +243,19 @@ def _tfds_source(cfg):
     return load_source(cfg)
 
 
+def _batch_fits(cfg, records: int, what: str):
+    """An epoch needs one full global batch (the steps are records // batch) unless train.steps_per_epoch is set."""
+    from runner.builders.data import epoch_steps  # no TensorFlow at its top
+
+    epoch_steps(records, cfg.train, what)
+
+
 def _tfds_built(cfg):
     """The dataset is built in data.data_dir at the version, with the splits and features named: before TensorFlow."""
     from runner.tfds_source import check
 
-    check(cfg.data)
+    _, train_examples = check(cfg.data)
+    _batch_fits(cfg, train_examples, f"data.split_train={cfg.data.split_train!r}")
 
 
 def _tfds_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_server):
@@ -278,7 +286,7 @@ def _image_folder_listed(cfg):
     """The folders exist, hold two classes or more, and their files are images: before TensorFlow."""
     from runner.image_folder_source import load_source
 
-    load_source(cfg.data)
+    _batch_fits(cfg, len(load_source(cfg.data).train), f"data.train_dir={cfg.data.train_dir!r}")
 
 
 def _image_folder_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_server):
