@@ -174,16 +174,37 @@ def check(cfg) -> tuple[str, int]:
         return directory, train_examples  # older datasets: the feature keys are checked when tfds opens it
     features = _read_json(features_file).get("featuresDict", {}).get("features", {})
     keys = supervised_keys(info)
+    chosen = []
     for key, value, i in (("data.image_key", cfg.image_key, 0), ("data.label_key", cfg.label_key, 1)):
         if value is None and keys is None:
             raise ConfigError(
                 f"{key} is null and {cfg.dataset!r} declares no supervised_keys to take it from; name its input and "
                 f"label features: data.image_key=... data.label_key=... (its features: {', '.join(features)})."
             )
-        chosen = value if value is not None else keys[i]
-        if features and chosen not in features:
-            raise ConfigError(f"{key}={chosen!r} is not a feature of {cfg.dataset!r}; its features: {', '.join(features)}.")
+        chosen.append(value if value is not None else keys[i])
+        if features and chosen[-1] not in features:
+            raise ConfigError(f"{key}={chosen[-1]!r} is not a feature of {cfg.dataset!r}; its features: {', '.join(features)}.")
+    _check_features(cfg, features, *chosen)
     return directory, train_examples
+
+
+def _check_features(cfg, features: dict, image_key: str, label_key: str) -> None:
+    """As features.json describes them: the label is a ClassLabel, and images of varying size get data.image_size."""
+    label = features.get(label_key, {})
+    if label and "classLabel" not in label:
+        kind = label.get("pythonClassName", "a feature").rsplit(".", 1)[-1]
+        raise ConfigError(
+            f"data.label_key={label_key!r} is a {kind}, not a ClassLabel: data=tfds trains classifiers on a ClassLabel "
+            "feature (its number of classes sizes the model). Name a ClassLabel feature with data.label_key."
+        )
+    spec = next((v for v in features.get(image_key, {}).values() if isinstance(v, dict) and "shape" in v), None)
+    dims = [int(d) for d in spec["shape"].get("dimensions", [])] if spec else []
+    if cfg.image_size is None and any(d < 0 for d in dims):
+        shape = "x".join("?" if d < 0 else str(d) for d in dims)
+        raise ConfigError(
+            f"{cfg.dataset!r}'s {image_key!r} has images of varying size ({shape}): set data.image_size=[height,width] "
+            "to resize every image to one size."
+        )
 
 
 @dataclass

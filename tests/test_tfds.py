@@ -43,7 +43,7 @@ def refused(**data) -> str:
     return message
 
 
-def fake_tfds(root, name="mnist", version="3.0.1", splits=None, supervised=True):
+def fake_tfds(root, name="mnist", version="3.0.1", splits=None, supervised=True, side="28", label=None):
     """dataset_info.json and features.json as tensorflow-datasets 4.9.10 writes them (no data files: the probe
     never opens them)."""
     directory = root / name / version
@@ -59,8 +59,8 @@ def fake_tfds(root, name="mnist", version="3.0.1", splits=None, supervised=True)
         info["supervisedKeys"] = {"tuple": {"items": [{"featureKey": "image"}, {"featureKey": "label"}]}}
     (directory / "dataset_info.json").write_text(json.dumps(info))
     features = {
-        "image": {"image": {"dtype": "uint8", "shape": {"dimensions": ["28", "28", "1"]}}},
-        "label": {"classLabel": {"numClasses": "10"}},
+        "image": {"image": {"dtype": "uint8", "shape": {"dimensions": [side, side, "1"]}}},
+        "label": label or {"classLabel": {"numClasses": "10"}},
     }
     (directory / "features.json").write_text(json.dumps({"featuresDict": {"features": features}}))
     return directory
@@ -92,12 +92,15 @@ def test_mistakes_are_refused_before_tensorflow_naming_key_directory_and_command
     fake_tfds(tmp_path, name="emnist/letters", version="3.1.0")
     fake_tfds(tmp_path, name="unsupervised", supervised=False)
     fake_tfds(tmp_path, name="trainonly", splits={"train": [10]})
+    fake_tfds(tmp_path, name="varying", side="-1")
+    scalar = {"pythonClassName": "tensorflow_datasets.core.features.scalar.Scalar", "tensor": {"dtype": "float32"}}
+    fake_tfds(tmp_path, name="regression", label=scalar)
     root = str(tmp_path)
     cases = [
         ({"data_dir": f"{root}/none"}, f"data.data_dir={root}/none does not exist. Datasets are never downloaded"),
         ({"data_dir": f"{root}/none"}, f"`tfds build mnist --data_dir {root}/none`"),
         ({"dataset": "cifar10"}, f"data.dataset='cifar10' is not built in data.data_dir={root} (no {root}/cifar10/<version>"),
-        ({"dataset": "cifar10"}, "It holds: emnist, mnist, trainonly, unsupervised. Datasets are never downloaded at run"),
+        ({"dataset": "cifar10"}, "It holds: emnist, mnist, regression, trainonly, unsupervised, varying. Datasets are never"),
         ({"dataset": "cifar10"}, f"build it once with `tfds build cifar10 --data_dir {root}`"),
         ({"dataset": "emnist"}, "choose one, e.g. data.dataset=emnist/letters (configs built: letters)"),
         ({"dataset": "mnist:3.0.1"}, "give the version on its own: data.dataset=mnist data.version=3.0.1"),
@@ -112,6 +115,8 @@ def test_mistakes_are_refused_before_tensorflow_naming_key_directory_and_command
         ({"dataset": "unsupervised"}, "data.image_key is null and 'unsupervised' declares no supervised_keys"),
         ({"dataset": "trainonly"}, "data.split_eval is null and the dataset has no test or validation split"),
         ({"split_train": "train[:10]"}, "train.global_batch_size=64 is larger than the 10 training examples"),
+        ({"dataset": "varying"}, "'varying''s 'image' has images of varying size (?x?x1): set data.image_size=[height,width]"),
+        ({"dataset": "regression"}, "data.label_key='label' is a Scalar, not a ClassLabel"),
         ({"input": "numpy"}, "data.input=numpy needs the data in memory, and data=tfds streams it"),
         ({"scale": "1/0"}, "data.scale='1/0' is not a usable scale"),
         ({"image_size": [28]}, "data.image_size=[28] is not [height, width]"),
@@ -121,6 +126,7 @@ def test_mistakes_are_refused_before_tensorflow_naming_key_directory_and_command
         assert needle in message, (data, message)
     check(composed(data_dir=root, dataset="unsupervised", image_key="image", label_key="label").data)
     check(composed(data_dir=root, dataset="trainonly", split_train="train[:80%]", split_eval="train[80%:]").data)
+    check(composed(data_dir=root, dataset="varying", image_size=[16, 16]).data)
 
 
 # --- slow: a dataset TensorFlow Datasets prepared, and the runner --------------------------------------------------
