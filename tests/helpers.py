@@ -193,6 +193,19 @@ def write_png(path, pixels, channels: int = 1):
     )
 
 
+def write_bmp(path, pixels):
+    """A 24-bit BMP from rows of RGB values (3 per pixel), in plain Python: decode_image refuses it as grayscale."""
+    import struct
+
+    height, width = len(pixels), len(pixels[0]) // 3
+    pad = (4 - width * 3 % 4) % 4
+    rows = b"".join(bytes(v for x in range(width) for v in row[3 * x : 3 * x + 3][::-1]) + b"\0" * pad for row in pixels[::-1])
+    header = struct.pack("<2sIHHI", b"BM", 54 + len(rows), 0, 0, 54)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, len(rows), 2835, 2835, 0, 0)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(header + info + rows)
+
+
 def write_image_folder(root, classes=("circle", "square"), per_class=12, size=8):
     """root/<class>/<i>.png: tiny RGB images whose class shows (a bright left or right half), with some noise."""
     import random

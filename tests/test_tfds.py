@@ -15,7 +15,7 @@ from runner import preflight, schema, validate
 from runner.errors import ConfigError
 from runner.tfds_source import check, split_size
 
-from helpers import mlflow_run_by_name, write_image_folder
+from helpers import mlflow_run_by_name, write_bmp, write_image_folder
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
@@ -141,8 +141,11 @@ def test_the_probe_reads_what_tfds_wrote(tfds_dir):
 def test_training_on_a_prepared_dataset_and_on_an_image_folder(runner, tfds_dir, tmp_path):
     """Both new sources under data.input=from_function over 2 replicas. data=tfds: the custom loop, tfds's ReadConfig
     input_context, a slice of train: 96 examples // 16 = 6 steps, counted by tfds from the dataset's info as the
-    probe counted them. data=image_folder: Model.fit, grayscale, 48 PNGs with 10 held out: 38 // 8 = 4 steps."""
+    probe counted them. data=image_folder: Model.fit, grayscale, 47 PNGs and a BMP (which decode_image alone refuses
+    as grayscale), 10 held out: 38 // 8 = 4 steps."""
     images = write_image_folder(tmp_path / "shapes", per_class=24)
+    (images / "square" / "023.png").unlink()  # one BMP instead: decoded as RGB, converted to grayscale
+    write_bmp(images / "square" / "023.bmp", [[30] * 12 + [230] * 12] * 8)
     common = ["data.input=from_function", "strategy=mirrored", "devices.logical_cpus=2", "model=cnn", "train.epochs=1"]
     common += ["save_model=false"]
     tfds = ["data=tfds", "data.dataset=mnist", f"data.data_dir={tfds_dir}", "data.split_train='train[:75%]'"]

@@ -21,6 +21,24 @@ from runner.builders.data import Data, epoch_steps
 log = logging.getLogger("runner")
 
 
+def to_channels(image, channels: int):
+    """A decoded uint8 image of 1 (gray), 2 (gray + alpha), 3 (RGB) or 4 (RGBA) channels -> `channels` of them."""
+    import tensorflow as tf
+
+    have = tf.shape(image)[-1]
+    gray, color = image[..., :1], image[..., : tf.minimum(have, 3)]
+    rgb = tf.cond(have < 3, lambda: tf.tile(gray, [1, 1, 3]), lambda: color)
+    if channels == 3:
+        return rgb
+    if channels == 1:
+        weights = tf.constant([0.2989, 0.587, 0.114])  # tf.image.rgb_to_grayscale's
+        mixed = tf.cast(tf.round(tf.reduce_sum(tf.cast(rgb, tf.float32) * weights, axis=-1, keepdims=True)), tf.uint8)
+        return tf.cond(have < 3, lambda: gray, lambda: mixed)
+    opaque = tf.fill(tf.shape(gray), tf.constant(255, tf.uint8))
+    alpha = tf.cond(tf.equal(have % 2, 0), lambda: image[..., have - 1 :], lambda: opaque)  # 2 and 4 carry alpha last
+    return tf.concat([rgb, alpha], axis=-1)
+
+
 @dataclass
 class ImageFolderData(Data):
     source: Any  # runner.image_folder_source.ImageFolderSource
@@ -33,8 +51,10 @@ class ImageFolderData(Data):
         size, channels, scale = self.source.image_size, self.source.channels, self.source.scale
 
         def load(path, label):
-            image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-            image = tf.image.resize(image, size)  # bilinear, float32, as tf_keras's image_dataset_from_directory
+            # Decoded with the file's own channels, then converted: decode_image refuses grayscale for GIF and BMP
+            # and alpha for JPEG and GIF, which would fail a batch in the middle of training.
+            image = tf.io.decode_image(tf.io.read_file(path), channels=0, expand_animations=False)
+            image = tf.image.resize(to_channels(image, channels), size)  # bilinear, float32, as tf_keras does
             image.set_shape((*size, channels))
             return image * scale, label
 
