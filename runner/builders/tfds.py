@@ -1,9 +1,9 @@
 """data=tfds -> tf.data pipelines that stream a prepared TensorFlow Datasets dataset from data.data_dir.
 
 The dataset is opened with tfds.builder_from_directory (the directory runner/tfds_source.py found): no dataset code
-runs and nothing is downloaded. The pipeline: tfds's own reader (files shuffled with data.shuffle, no auto-cache)
--> [shard] -> (image, label) by data.image_key / data.label_key -> resize to data.image_size if set -> float32 times
-data.scale -> [cache] -> shuffle -> repeat -> batch -> prefetch.
+runs and nothing is downloaded. The pipeline: tfds's own reader (files shuffled with data.shuffle, no auto-cache,
+images left encoded) -> [shard] -> [cache] -> shuffle -> repeat -> decode the image, (image, label) by
+data.image_key / data.label_key, resize to data.image_size if set, float32 times data.scale -> batch -> prefetch.
 
 Sharding, by input path:
 - tf_data (experimental_distribute_dataset): TensorFlow's auto-shard rewrite with AutoShardPolicy.DATA (each worker
@@ -34,13 +34,18 @@ class TFDSData(Data):
 
         return tfds.builder_from_directory(self.source.directory)
 
-    def _example(self):
+    def _example(self, builder):
+        """features -> (x, y): the image decoded here when tfds was told to skip it (see _pipeline), then resized,
+        cast to float32 and scaled."""
         import tensorflow as tf
 
-        source = self.source
+        source, feature = self.source, builder.info.features[self.source.image_key]
 
         def example(features):
-            x = tf.cast(features[source.image_key], tf.float32)
+            x = features[source.image_key]
+            if x.dtype == tf.string:  # SkipDecoding: still the encoded image
+                x = feature.decode_example(x)
+            x = tf.cast(x, tf.float32)
             if source.image_size is not None:
                 x = tf.image.resize(x, source.image_size)
             x = tf.ensure_shape(x, source.input_shape) * source.scale
@@ -50,23 +55,27 @@ class TFDSData(Data):
 
     def _pipeline(self, split, batch_size, train: bool, shard=None, context=None):
         """`context`: an InputContext for tfds to shard the files by; `shard`: (num_shards, index) to shard the
-        examples; neither leaves it to tf.distribute's auto-shard rewrite (DATA)."""
+        examples; neither leaves it to tf.distribute's auto-shard rewrite (DATA). Images stay encoded (a few KB
+        each) through the cache and the shuffle buffer and are decoded after them: a buffer of data.shuffle_buffer
+        decoded float images could take gigabytes."""
         import tensorflow as tf
         import tensorflow_datasets as tfds
 
+        builder = self._builder()
+        encoded = isinstance(builder.info.features[self.source.image_key], tfds.features.Image)
+        decoders = {self.source.image_key: tfds.decode.SkipDecoding()} if encoded else None
         read = tfds.ReadConfig(shuffle_seed=self.seed, try_autocache=False, input_context=context)
-        ds = self._builder().as_dataset(split=split, shuffle_files=train and self.shuffle, read_config=read)
+        ds = builder.as_dataset(split=split, shuffle_files=train and self.shuffle, read_config=read, decoders=decoders)
         if shard is not None:
             ds = ds.shard(*shard)
-        ds = ds.map(self._example(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if self.cache:
             ds = ds.cache()
         if train:
             if self.shuffle:
                 ds = ds.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
-            ds = ds.repeat().batch(batch_size, drop_remainder=True)
-        else:
-            ds = ds.batch(batch_size)
+            ds = ds.repeat()
+        ds = ds.map(self._example(builder), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.batch(batch_size, drop_remainder=train)
         if self.prefetch:
             ds = ds.prefetch(tf.data.AUTOTUNE)
         options = tf.data.Options()
