@@ -1,7 +1,7 @@
 """data=image_folder: the listing before TensorFlow (classes, counts, the held-out split) and every bad folder a user
 makes, refused by the checks and the pre-flight probe with one paragraph naming the key and the path (fast, no
-TensorFlow). PNGs are written in plain Python (tests/helpers.py). Training on a folder: tests/test_tfds.py runs it
-beside data=tfds (from_function), README's example (tests/test_readme.py) under the tf_data path."""
+TensorFlow). PNGs are written in plain Python (tests/helpers.py). Training on a folder is README's example, run by
+tests/test_readme.py (grayscale over 2 replicas, on PNGs and a BMP)."""
 
 import pytest
 from hydra import compose, initialize_config_module

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, write_image_folder
+from helpers import ROOT, write_bmp, write_image_folder
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -469,8 +469,10 @@ def run_tfds(scratch, tokens):
 
 
 def run_image_folder(scratch, tokens):
-    """A data=image_folder command, on 2 classes of 12 small PNGs written to its data.train_dir."""
-    write_image_folder(scratch.root / _data_value(tokens, "data.train_dir"), per_class=12)
+    """A data=image_folder command, on 2 classes of small PNGs written to its data.train_dir, and one BMP (which
+    tf.io.decode_image alone refuses to decode as grayscale)."""
+    folder = write_image_folder(scratch.root / _data_value(tokens, "data.train_dir"), per_class=12)
+    write_bmp(folder / "square" / "extra.bmp", [[30] * 12 + [230] * 12] * 8)
     return run_training(scratch, tokens)
 
 
