@@ -169,6 +169,7 @@ def check(cfg) -> tuple[str, int]:
     sizes = {s["name"]: _examples(s) for s in info.get("splits", [])}
     train_examples = split_size("data.split_train", cfg.split_train, sizes)
     split_size("data.split_eval", eval_split(cfg, list(sizes)), sizes)
+    _files_present(directory, info, [cfg.split_train, eval_split(cfg, list(sizes))])
     features_file = os.path.join(directory, "features.json")
     if not os.path.isfile(features_file):
         return directory, train_examples  # older datasets: the feature keys are checked when tfds opens it
@@ -188,16 +189,38 @@ def check(cfg) -> tuple[str, int]:
     return directory, train_examples
 
 
+def _files_present(directory: str, info: dict, splits: list[str]) -> None:
+    """Each split read has all its files (tfds names them <dataset>-<split>.<format>-<i>-of-<n>): a copy cut short
+    would otherwise fail at the first step that reaches a missing file."""
+    shards = {s["name"]: len(s.get("shardLengths", [])) for s in info.get("splits", [])}
+    names = {SPLIT.match(piece.strip()).group(1) for split in splits for piece in str(split).split("+")}
+    for name in sorted(names):
+        prefix = f"{info.get('name')}-{name}."
+        found = sum(1 for f in os.listdir(directory) if f.startswith(prefix))
+        if found < shards.get(name, 0):
+            raise ConfigError(
+                f"{directory} holds {found} of the {shards[name]} files of the split {name!r} (named {prefix}*); the "
+                "dataset was copied or built only in part. Copy it again, or rebuild it with `tfds build`."
+            )
+
+
 def _check_features(cfg, features: dict, image_key: str, label_key: str) -> None:
     """As features.json describes them: the label is a ClassLabel, and images of varying size get data.image_size."""
     label = features.get(label_key, {})
     if label and "classLabel" not in label:
-        kind = label.get("pythonClassName", "a feature").rsplit(".", 1)[-1]
+        kind = label.get("pythonClassName", "feature").rsplit(".", 1)[-1]
         raise ConfigError(
             f"data.label_key={label_key!r} is a {kind}, not a ClassLabel: data=tfds trains classifiers on a ClassLabel "
             "feature (its number of classes sizes the model). Name a ClassLabel feature with data.label_key."
         )
-    spec = next((v for v in features.get(image_key, {}).values() if isinstance(v, dict) and "shape" in v), None)
+    image = features.get(image_key, {})
+    spec = next((v for v in image.values() if isinstance(v, dict) and "shape" in v), None)
+    if image and (spec is None or spec.get("dtype") in ("string", "bool")):
+        kind = image.get("pythonClassName", "feature").rsplit(".", 1)[-1]
+        raise ConfigError(
+            f"data.image_key={image_key!r} is a {kind} of {spec.get('dtype') if spec else 'no fixed'} values, not an image "
+            "or a numeric tensor; name the input feature with data.image_key."
+        )
     dims = [int(d) for d in spec["shape"].get("dimensions", [])] if spec else []
     if cfg.image_size is None and any(d < 0 for d in dims):
         shape = "x".join("?" if d < 0 else str(d) for d in dims)

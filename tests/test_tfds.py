@@ -58,9 +58,19 @@ def fake_tfds(root, name="mnist", version="3.0.1", splits=None, supervised=True,
     if supervised:
         info["supervisedKeys"] = {"tuple": {"items": [{"featureKey": "image"}, {"featureKey": "label"}]}}
     (directory / "dataset_info.json").write_text(json.dumps(info))
+    for split, lengths in splits.items():  # the data files, empty: only their names are looked at
+        for i in range(len(lengths)):
+            (directory / f"{info['name']}-{split}.tfrecord-{i:05d}-of-{len(lengths):05d}").write_bytes(b"")
     features = {
-        "image": {"image": {"dtype": "uint8", "shape": {"dimensions": [side, side, "1"]}}},
-        "label": label or {"classLabel": {"numClasses": "10"}},
+        "image": {
+            "image": {"dtype": "uint8", "shape": {"dimensions": [side, side, "1"]}},
+            "pythonClassName": "tensorflow_datasets.core.features.image_feature.Image",
+        },
+        "label": label
+        or {
+            "classLabel": {"numClasses": "10"},
+            "pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+        },
     }
     (directory / "features.json").write_text(json.dumps({"featuresDict": {"features": features}}))
     return directory
@@ -95,12 +105,14 @@ def test_mistakes_are_refused_before_tensorflow_naming_key_directory_and_command
     fake_tfds(tmp_path, name="varying", side="-1")
     scalar = {"pythonClassName": "tensorflow_datasets.core.features.scalar.Scalar", "tensor": {"dtype": "float32"}}
     fake_tfds(tmp_path, name="regression", label=scalar)
+    cut = fake_tfds(tmp_path, name="cut", splits={"train": [5, 5, 5], "test": [4]})
+    (cut / "cut-train.tfrecord-00001-of-00003").unlink()
     root = str(tmp_path)
     cases = [
         ({"data_dir": f"{root}/none"}, f"data.data_dir={root}/none does not exist. Datasets are never downloaded"),
         ({"data_dir": f"{root}/none"}, f"`tfds build mnist --data_dir {root}/none`"),
         ({"dataset": "cifar10"}, f"data.dataset='cifar10' is not built in data.data_dir={root} (no {root}/cifar10/<version>"),
-        ({"dataset": "cifar10"}, "It holds: emnist, mnist, regression, trainonly, unsupervised, varying. Datasets are never"),
+        ({"dataset": "cifar10"}, "It holds: cut, emnist, mnist, regression, trainonly, unsupervised, varying. Datasets"),
         ({"dataset": "cifar10"}, f"build it once with `tfds build cifar10 --data_dir {root}`"),
         ({"dataset": "emnist"}, "choose one, e.g. data.dataset=emnist/letters (configs built: letters)"),
         ({"dataset": "mnist:3.0.1"}, "give the version on its own: data.dataset=mnist data.version=3.0.1"),
@@ -117,6 +129,8 @@ def test_mistakes_are_refused_before_tensorflow_naming_key_directory_and_command
         ({"split_train": "train[:10]"}, "train.global_batch_size=64 is larger than the 10 training examples"),
         ({"dataset": "varying"}, "'varying''s 'image' has images of varying size (?x?x1): set data.image_size=[height,width]"),
         ({"dataset": "regression"}, "data.label_key='label' is a Scalar, not a ClassLabel"),
+        ({"image_key": "label"}, "data.image_key='label' is a ClassLabel of no fixed values, not an image"),
+        ({"dataset": "cut"}, "holds 2 of the 3 files of the split 'train' (named cut-train.*); the dataset was copied"),
         ({"input": "numpy"}, "data.input=numpy needs the data in memory, and data=tfds streams it"),
         ({"scale": "1/0"}, "data.scale='1/0' is not a usable scale"),
         ({"image_size": [28]}, "data.image_size=[28] is not [height, width]"),
