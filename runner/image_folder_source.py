@@ -151,13 +151,15 @@ def _pairs(found: dict[str, list[str]], classes: list[str]) -> list[tuple[str, i
     return [(path, index[name]) for name, paths in found.items() for path in paths]
 
 
-def load_source(cfg) -> ImageFolderSource:
-    """The data node -> the listing, every check done (pure Python: runs before TensorFlow)."""
-    found = list_folder("data.train_dir", cfg.train_dir, cfg.verify_images)
+def load_source(cfg, verify: bool = True) -> ImageFolderSource:
+    """The data node -> the listing, every check done (pure Python: runs before TensorFlow). `verify`: read the
+    images' signatures too, as data.verify_images says (the build after the probe does not read them again)."""
+    verify = verify and cfg.verify_images
+    found = list_folder("data.train_dir", cfg.train_dir, verify)
     classes = list(found)
     train = _pairs(found, classes)
     if cfg.eval_dir is not None:
-        evals = _pairs(list_folder("data.eval_dir", cfg.eval_dir, cfg.verify_images, classes), classes)
+        evals = _pairs(list_folder("data.eval_dir", cfg.eval_dir, verify, classes), classes)
     else:
         random.Random(cfg.seed).shuffle(train)
         held = max(1, round(len(train) * cfg.eval_fraction))
