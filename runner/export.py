@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from runner import registry
 from runner.errors import ConfigError
 from runner.tfrecord_source import ID_FEATURE, SPEC_FILE
 
@@ -50,8 +51,10 @@ def export(data_cfg, out: str, shards: int, eval_shards: int | None = None) -> d
     """Load the source `data_cfg` names (a composed data node) and write it to `out`; returns the spec file's content."""
     from runner import datasets
 
-    if data_cfg.name == "tfrecord":
-        raise ConfigError("data=tfrecord is already TFRecord files; export reads ones, synthetic, digits or npz.")
+    if registry.get("data", data_cfg.name).caps.pipeline is not None:
+        raise ConfigError(
+            f"data={data_cfg.name} streams from files and is never loaded whole; export reads ones, synthetic, digits or npz."
+        )
     arrays = datasets.load(data_cfg)
     os.makedirs(out, exist_ok=True)
     from runner import env

@@ -120,6 +120,28 @@ def _first_of(problems: list[str]) -> None:
         raise ConfigError(problems[0] + more)
 
 
+def missing_keys(node, prefix: str = "") -> list[str]:
+    """Every key whose schema declares no default (MISSING, `???`) and that the config leaves unset."""
+    found = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if OmegaConf.is_missing(node, key):
+            found.append(full)
+        elif isinstance(node._get_node(key), DictConfig):
+            found += missing_keys(node[key], full + ".")
+    return found
+
+
+@check
+def required_values(cfg):
+    """A mandatory key left unset (data=npz without data.path) is named here, not as OmegaConf's traceback later."""
+    for key in missing_keys(cfg):
+        group = key.split(".")[0]
+        option = group in registry.GROUPS and "name" in cfg[group]
+        owner = f"{group}={cfg[group].name} needs it" if option else "it has no default"
+        raise ConfigError(f"{key} is not set, and {owner}: add {key}=<value> to the command (its meaning: README, or --help).")
+
+
 @check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import MlflowServer, run_runner
+from helpers import MlflowServer, build_tfds, run_runner
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +67,12 @@ def sqlite_uri(migrated_store, tmp_path):
     path = tmp_path / "mlflow.db"
     shutil.copy(migrated_store, path)
     return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def tfds_dir(tmp_path_factory):
+    """A data_dir holding a stand-in for MNIST that TensorFlow Datasets itself prepared (tests/tfds_tiny.py, no
+    network): mnist/3.0.1, 28x28x1 uint8 images, 10 classes, 128 train and 32 test examples in one file each."""
+    root = tmp_path_factory.mktemp("tensorflow_datasets")
+    build_tfds(root, "mnist", "3.0.1", side=28, classes=10, train=128, test=32)
+    return root

@@ -172,3 +172,62 @@ class MlflowServer:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)  # gone at once, as a crashed server would be
             self.proc.wait()
+
+
+def write_png(path, pixels, channels: int = 1):
+    """A PNG from rows of 8-bit values (channels values per pixel, interleaved), in plain Python (zlib): no Pillow."""
+    import struct
+    import zlib
+
+    height, width = len(pixels), len(pixels[0]) // channels
+    color = {1: 0, 3: 2, 4: 6}[channels]  # grayscale, RGB, RGBA
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = b"".join(b"\x00" + bytes(row) for row in pixels)  # filter type 0 per row
+    header = struct.pack(">IIBBBBB", width, height, 8, color, 0, 0, 0)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
+
+
+def write_bmp(path, pixels):
+    """A 24-bit BMP from rows of RGB values (3 per pixel), in plain Python: decode_image refuses it as grayscale."""
+    import struct
+
+    height, width = len(pixels), len(pixels[0]) // 3
+    pad = (4 - width * 3 % 4) % 4
+    rows = b"".join(bytes(v for x in range(width) for v in row[3 * x : 3 * x + 3][::-1]) + b"\0" * pad for row in pixels[::-1])
+    header = struct.pack("<2sIHHI", b"BM", 54 + len(rows), 0, 0, 54)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, len(rows), 2835, 2835, 0, 0)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(header + info + rows)
+
+
+def write_image_folder(root, classes=("circle", "square"), per_class=12, size=8):
+    """root/<class>/<i>.png: tiny RGB images whose class shows (a bright left or right half), with some noise."""
+    import random
+
+    rng = random.Random(0)
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            rows = []
+            for _ in range(size):
+                row = []
+                for x in range(size):
+                    bright = (x < size // 2) == (c % 2 == 0)
+                    row += [min(255, (200 if bright else 30) + rng.randrange(40))] * 3
+                rows.append(row)
+            write_png(Path(root) / name / f"{i:03d}.png", rows, channels=3)
+    return Path(root)
+
+
+def build_tfds(data_dir, name="tiny_shapes", version="1.0.0", side=8, classes=4, train=96, test=32):
+    """A tiny dataset prepared by TensorFlow Datasets itself (tests/tfds_tiny.py, in a process of its own: it imports
+    TensorFlow) into data_dir/<name>/<version>/; nothing is downloaded."""
+    argv = [sys.executable, str(ROOT / "tests" / "tfds_tiny.py"), str(data_dir), name, version, str(side), str(classes)]
+    proc = subprocess.run([*argv, str(train), str(test)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Path(data_dir) / name / version

@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT
+from helpers import ROOT, write_bmp, write_image_folder
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -85,6 +86,11 @@ def kind_of(tokens):
         )
     if tokens[0] == "srun":
         return "slurm", "needs a Slurm cluster (srun); none is installed here (issue 18 brings a real one to the tests)"
+    if tokens[0] == "tfds":
+        return "tfds-build", (
+            "tfds's own command downloads MNIST, and this machine has no network; README's data=tfds command runs on "
+            "a stand-in MNIST that tfds itself prepares in the scratch directory (tests/tfds_tiny.py)"
+        )
     if tokens[:3] == ["python", "-m", "runner.dashboard"]:
         return "dashboard", None
     if tokens[:3] == ["python", "-m", "runner.deliver"]:
@@ -112,6 +118,10 @@ def kind_of(tokens):
         return "cfg", None
     if "data=tfrecord" in args:
         return "tfrecord", None  # reads the files README's export command writes: run after it
+    if "data=tfds" in args:
+        return "tfds", None  # on a stand-in MNIST that tfds prepares (no network), copied to data.data_dir in scratch
+    if "data=image_folder" in args:
+        return "image-folder", None  # on PNGs of two classes written to data.train_dir in scratch (tests/helpers.py)
     if "strategy=tpu" in args:
         return "tpu", None  # runs: without a TPU README promises an error within seconds
     if "cluster=localhost" in args:
@@ -482,6 +492,24 @@ def check_tfrecord(scratch, args, result):
     (check_cluster if "cluster=localhost" in args else check_training)(scratch, args, result)
 
 
+def _data_value(tokens, key):
+    return next(t.split("=", 1)[1] for t in tokens if t.startswith(f"{key}="))
+
+
+def run_tfds(scratch, tokens):
+    """A data=tfds command, with the session's stand-in MNIST (built by tfds, tests/tfds_tiny.py) in its data_dir."""
+    shutil.copytree(scratch.tfds_dir, scratch.root / _data_value(tokens, "data.data_dir"))
+    return run_training(scratch, tokens)
+
+
+def run_image_folder(scratch, tokens):
+    """A data=image_folder command, on 2 classes of small PNGs written to its data.train_dir, and one BMP (which
+    tf.io.decode_image alone refuses to decode as grayscale)."""
+    folder = write_image_folder(scratch.root / _data_value(tokens, "data.train_dir"), per_class=12)
+    write_bmp(folder / "square" / "extra.bmp", [[30] * 12 + [230] * 12] * 8)
+    return run_training(scratch, tokens)
+
+
 def run_benchmark(scratch, tokens):
     out = scratch.dir("bench") / "benchmarks.md"
     out.parent.mkdir(parents=True)
@@ -543,6 +571,8 @@ RUNNERS = {
     "benchmark-wall": run_benchmark,
     "gpu-benchmark": lambda s, t: s.run(_python(t), cwd=ROOT, timeout=120),
     "export": run_export,
+    "tfds": run_tfds,
+    "image-folder": run_image_folder,
 }
 DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord}
 CHECKS = {
@@ -563,15 +593,18 @@ CHECKS = {
     "gpu-benchmark": check_gpu_benchmark,
     "export": check_export,
     "tfrecord": check_tfrecord,
+    "tfds": check_training,
+    "image-folder": check_training,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, tfds_dir):
     """Every runnable README command, two at a time (2 cores); dependent ones after what they depend on."""
     scratch = Scratch(tmp_path_factory.mktemp("readme"))
+    scratch.tfds_dir = tfds_dir  # conftest.py: a stand-in MNIST prepared by tfds, for README's data=tfds command
     pool = ThreadPoolExecutor(max_workers=2)
     futures = {}
     for k, (kind, reason) in KINDS.items():

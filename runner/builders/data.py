@@ -90,6 +90,19 @@ class Data:
         return strategy.experimental_distribute_dataset(self.eval_dataset())
 
 
+def epoch_steps(records: int, train_cfg, what: str) -> int:
+    """train.steps_per_epoch, else a streamed source's training records // the global batch."""
+    gbs = train_cfg.global_batch_size
+    if train_cfg.steps_per_epoch is not None:
+        return train_cfg.steps_per_epoch
+    if records < gbs:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is larger than the {records} training examples of {what}; "
+            "lower the batch or set train.steps_per_epoch (the data repeat)."
+        )
+    return records // gbs
+
+
 def build_data(cfg, arrays, train_cfg, num_replicas: int, cluster=None, parameter_server: bool = False) -> Data:
     """`cluster` and `parameter_server` say how a streamed source (data=tfrecord) shards its files over workers."""
     from runner.data_checks import check_batch_memory

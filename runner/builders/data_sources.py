@@ -102,6 +102,38 @@ class TFRecordDataConfig(DataConfig):
     record_ids_dir: str | None = None  # debug: log the `id` of every record each replica trains on, one file per task
 
 
+class ColorMode(StrEnum):  # data=image_folder's data.color_mode: the channels images are decoded to
+    rgb = "rgb"
+    grayscale = "grayscale"
+    rgba = "rgba"
+
+
+@dataclass
+class TFDSDataConfig(DataConfig):
+    dataset: str = MISSING  # a TensorFlow Datasets name, built beforehand: mnist, or name/config
+    data_dir: str | None = None  # null: $TFDS_DATA_DIR, else ~/tensorflow_datasets (tfds's own default)
+    version: str | None = None  # null: the newest version built in data_dir
+    split_train: str = "train"  # a split of the dataset, or tfds's slicing syntax: train[:80%]
+    split_eval: str | None = None  # null: test, else validation, whichever the dataset has
+    image_key: str | None = None  # the input feature; null: the dataset's supervised_keys
+    label_key: str | None = None  # the label feature (a ClassLabel); null: the dataset's supervised_keys
+    image_size: list[int] | None = ranged(None, ge=1, null="the dataset's own shape")  # [height, width]: resized to
+    scale: Any = None  # inputs are cast to float32 and multiplied by it: a number or a fraction (1/255); null: 1/255
+    # for uint8 features, else 1
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    train_dir: str = MISSING  # one sub-folder per class, the images in it (.png .jpg .jpeg .bmp .gif)
+    eval_dir: str | None = None  # the same class sub-folders; null: eval_fraction of train_dir is held out
+    eval_fraction: float = ranged(0.2, gt=0, lt=1)
+    seed: int = ranged(0, ge=0, le=UINT32_MAX)  # which files data.eval_fraction holds out
+    image_size: list[int] | None = ranged(None, ge=1)  # [height, width], required: every image is resized to it
+    color_mode: str = choice(ColorMode, "rgb")
+    scale: Any = None  # pixels are cast to float32 and multiplied by it: a number or a fraction; null: 1/255
+    verify_images: bool = True  # before TensorFlow starts, read each file's first bytes: is it an image?
+
+
 def _loader(name: str):
     """The source's loader in runner/datasets.py (NumPy: imported when loading, not by config-only commands)."""
 
@@ -170,10 +202,11 @@ def _tfrecord_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_
     return build_tfrecord_data(cfg, source, train_cfg, num_replicas, cluster, parameter_server)
 
 
-def _tfrecord_streams(cfg):
+def _streams(cfg):
+    """Streamed sources (their own pipeline=) cannot give Model.fit arrays."""
     if cfg.data.input == Input.numpy:
         raise ConfigError(
-            "data.input=numpy needs the data in memory, and data=tfrecord streams it from files; "
+            f"data.input=numpy needs the data in memory, and data={cfg.data.name} streams it from files; "
             "use data.input=tf_data or data.input=from_function."
         )
 
@@ -185,6 +218,90 @@ register(
     help="TFRecord files of tf.train.Example, streamed and sharded per worker (python -m runner.export writes them)",
     build=_tfrecord_source,
     probe=_tfrecord_files_readable,
-    check=_tfrecord_streams,
+    check=_streams,
     pipeline=_tfrecord_pipeline,
+)
+
+
+def _scale_and_size(cfg):
+    """Pure: data.scale is a number or a fraction, data.image_size is [height, width] (required by image_folder)."""
+    from runner.image_folder_source import parse_scale
+
+    _streams(cfg)
+    parse_scale("data.scale", cfg.data.scale)
+    size = cfg.data.image_size
+    if (size is None and cfg.data.name == "image_folder") or (size is not None and len(size) != 2):
+        given = " is not set" if size is None else f"={list(size)} is not [height, width]"
+        raise ConfigError(
+            f"data.image_size{given}: data={cfg.data.name} resizes every image to it; give it, e.g. data.image_size=[64,64]."
+        )
+
+
+def _tfds_source(cfg):
+    from runner.tfds_source import load_source  # imports tensorflow_datasets: when training starts
+
+    return load_source(cfg)
+
+
+def _batch_fits(cfg, records: int, what: str):
+    """An epoch needs one full global batch (the steps are records // batch) unless train.steps_per_epoch is set."""
+    from runner.builders.data import epoch_steps  # no TensorFlow at its top
+
+    epoch_steps(records, cfg.train, what)
+
+
+def _tfds_built(cfg):
+    """The dataset is built in data.data_dir at the version, with the splits and features named: before TensorFlow."""
+    from runner.tfds_source import check
+
+    _, train_examples = check(cfg.data)
+    _batch_fits(cfg, train_examples, f"data.split_train={cfg.data.split_train!r}")
+
+
+def _tfds_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_server):
+    from runner.builders.tfds import build_tfds_data
+
+    return build_tfds_data(cfg, source, train_cfg, num_replicas, cluster, parameter_server)
+
+
+register(
+    "data",
+    "tfds",
+    schema=TFDSDataConfig,
+    help="a TensorFlow Datasets dataset already built in data.data_dir (never downloaded), streamed and sharded per worker",
+    build=_tfds_source,
+    probe=_tfds_built,
+    check=_scale_and_size,
+    pipeline=_tfds_pipeline,
+)
+
+
+def _image_folder_source(cfg):
+    from runner.image_folder_source import load_source
+
+    return load_source(cfg, verify=False)  # the probe read every image's signature moments ago
+
+
+def _image_folder_listed(cfg):
+    """The folders exist, hold two classes or more, and their files are images: before TensorFlow."""
+    from runner.image_folder_source import load_source
+
+    _batch_fits(cfg, len(load_source(cfg.data).train), f"data.train_dir={cfg.data.train_dir!r}")
+
+
+def _image_folder_pipeline(cfg, source, train_cfg, num_replicas, cluster, parameter_server):
+    from runner.builders.image_folder import build_image_folder_data
+
+    return build_image_folder_data(cfg, source, train_cfg, num_replicas, cluster, parameter_server)
+
+
+register(
+    "data",
+    "image_folder",
+    schema=ImageFolderDataConfig,
+    help="a directory of class sub-folders of images, decoded as streamed and sharded per worker",
+    build=_image_folder_source,
+    probe=_image_folder_listed,
+    check=_scale_and_size,
+    pipeline=_image_folder_pipeline,
 )
