@@ -63,16 +63,18 @@ def cnn(input_shape, num_outputs: int, filters: Sequence[int] = (16, 32), kernel
     return keras.Sequential(layers)
 
 
-# Set by keras_app itself: the runner's data decide the input and the head, and nothing is downloaded.
+# Set by keras_app itself: the runner's data decide the input and the head, and nothing is downloaded. (The
+# application is `model.application`, not `model.name`: a group's `name` is the option's own name elsewhere.)
 KERAS_APP_RESERVED = ("include_top", "input_shape", "input_tensor", "classes", "classifier_activation", "pooling")
 KERAS_APP_EXAMPLES = ("ResNet50", "MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "DenseNet121", "VGG16")
 
 
 def keras_app_problem(model_cfg: dict) -> str | None:
     """What is wrong with a model=keras_app config, without TensorFlow (runner/validate.py calls it), or None."""
-    name, weights, resize_to = model_cfg.get("name"), model_cfg.get("weights"), model_cfg.get("resize_to")
-    if not isinstance(name, str) or not name:
-        return f"model.name={name!r}: name a tf_keras.applications model function, e.g. {', '.join(KERAS_APP_EXAMPLES)}."
+    application, weights, resize_to = model_cfg.get("application"), model_cfg.get("weights"), model_cfg.get("resize_to")
+    if not isinstance(application, str) or not application:
+        examples = ", ".join(KERAS_APP_EXAMPLES)
+        return f"model.application={application!r}: name a tf_keras.applications model function, e.g. {examples}."
     if weights is not None and (not isinstance(weights, str) or weights.lower() == "imagenet"):
         return (
             f"model.weights={weights!r} is not allowed: the runner downloads nothing while it runs, so model=keras_app "
@@ -95,21 +97,21 @@ def keras_app_problem(model_cfg: dict) -> str | None:
     return None
 
 
-def keras_app(input_shape, num_outputs: int, name: str = "MobileNetV2", weights=None, resize_to=None, **kwargs):
-    """A tf_keras.applications model by name (`tf_keras.applications.<name>`) as the backbone, without its top and
+def keras_app(input_shape, num_outputs: int, application: str = "MobileNetV2", weights=None, resize_to=None, **kwargs):
+    """A tf_keras.applications model by name (`tf_keras.applications.<application>`) as the backbone, without its top and
     with average pooling, then a float32 Dense head that outputs logits. The input is reshaped to an image
     (image_shape) and, with `resize_to: [h, w]`, resized; `weights` is None or a local file of the backbone's
     weights. Other keyword arguments go to the application function (MobileNetV2's `alpha`, ...)."""
     keras = _keras()
-    problem = keras_app_problem({"name": name, "weights": weights, "resize_to": resize_to, **kwargs})
+    problem = keras_app_problem({"application": application, "weights": weights, "resize_to": resize_to, **kwargs})
     if problem:
         raise ValueError(problem)
-    app = getattr(keras.applications, name, None)
-    if not (callable(app) and name[:1].isupper() and not isinstance(app, type)):
+    app = getattr(keras.applications, application, None)
+    if not (callable(app) and application[:1].isupper() and not isinstance(app, type)):
         valid = [n for n in dir(keras.applications) if n[:1].isupper() and callable(getattr(keras.applications, n))]
-        close = difflib.get_close_matches(name, valid, n=3)
+        close = difflib.get_close_matches(application, valid, n=3)
         raise ValueError(
-            f"model.name={name!r} is not a model function of tf_keras.applications"
+            f"model.application={application!r} is not a model function of tf_keras.applications"
             + (f" (did you mean {' or '.join(close)}?)" if close else "")
             + f"; valid names include {', '.join(KERAS_APP_EXAMPLES)} ({len(valid)} in all: dir(tf_keras.applications))."
         )
@@ -127,10 +129,11 @@ def keras_app(input_shape, num_outputs: int, name: str = "MobileNetV2", weights=
         if least:
             h, w = max(int(least[1]), size[0]), max(int(least[2]), size[1])
             raise ValueError(
-                f"model.name={name} needs images of at least {least[1]}x{least[2]}; it would get {size[0]}x{size[1]}"
+                f"model.application={application} needs images of at least {least[1]}x{least[2]}; it would get "
+                f"{size[0]}x{size[1]}"
                 f"{' (model.resize_to)' if resize_to is not None else ', the size of the data'}. Set "
                 f"model.resize_to=[{h}, {w}]: a Resizing layer then scales the images up first."
             ) from None
-        raise ValueError(f"model=keras_app: tf_keras.applications.{name}(...) refused the model config: {err}") from None
+        raise ValueError(f"model=keras_app: tf_keras.applications.{application}(...) refused the model config: {err}") from None
     logits = keras.layers.Dense(num_outputs, dtype="float32", name="logits")(backbone(x))
-    return keras.Model(inputs, logits, name=f"keras_app_{name}")
+    return keras.Model(inputs, logits, name=f"keras_app_{application}")

@@ -39,7 +39,7 @@ def composed(*overrides):
         (["model.resize_to=[32]"], ["model.resize_to=[32] must be [height, width]"]),
         (["model.resize_to=32"], ["model.resize_to=32 must be [height, width]"]),
         (["model.resize_to=[0,32]"], ["model.resize_to=[0, 32] must be"]),
-        (["model.name=null"], ["model.name=None", "MobileNetV2"]),
+        (["model.application=null"], ["model.application=None", "MobileNetV2"]),
         (["+model.include_top=true"], ["model.include_top is set by model=keras_app itself"]),
         (["+model.classifier_activation=softmax"], ["model.classifier_activation is set by model=keras_app"]),
     ],
@@ -114,7 +114,7 @@ def test_each_family_builds_from_digits_shape_and_trains(name, extra):
     """8x8x1 digits (64 flat features) resized to 32x32, one channel, random weights: logits in float32."""
     import tf_keras
 
-    model = _build(*DIGITS, f"model.name={name}", *extra)
+    model = _build(*DIGITS, f"model.application={name}", *extra)
     assert model.output_shape == (None, 10) and model.output.dtype == "float32"
     head = model.get_layer("logits")
     assert head.activation is tf_keras.activations.linear  # logits: the runner's losses are from_logits=True
@@ -155,9 +155,9 @@ def test_weights_from_a_local_file_are_loaded(tmp_path):
     "overrides,needles",
     [
         (["model=keras_app", "data=digits"], ["needs images of at least 32x32", "8x8", "model.resize_to=[32, 32]"]),
-        ([*DIGITS, "model.name=InceptionV3"], ["at least 75x75", "model.resize_to=[75, 75]"]),
-        ([*DIGITS, "model.name=MobileNetV9"], ["'MobileNetV9' is not a model function", "did you mean", "ResNet50"]),
-        ([*DIGITS, "model.name=preprocess_input"], ["not a model function"]),
+        ([*DIGITS, "model.application=InceptionV3"], ["at least 75x75", "model.resize_to=[75, 75]"]),
+        ([*DIGITS, "model.application=MobileNetV9"], ["'MobileNetV9' is not a model function", "did you mean", "ResNet50"]),
+        ([*DIGITS, "model.application=preprocess_input"], ["not a model function"]),
         ([*DIGITS, "+model.bogus=1"], ["tf_keras.applications.MobileNetV2(...) refused", "bogus"]),
     ],
 )
