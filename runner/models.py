@@ -88,6 +88,8 @@ def keras_app_problem(model_cfg: dict) -> str | None:
         or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in resize_to)
     ):
         return f"model.resize_to={resize_to!r} must be [height, width] in pixels (positive integers), or null."
+    if "name" in model_cfg:  # Hydra's hint for model.name=X is +model.name=X, which would only rename the default
+        return f"model.name={model_cfg['name']!r}: the application is model.application (model.application=ResNet50)."
     reserved = sorted(set(model_cfg) & set(KERAS_APP_RESERVED))
     if reserved:
         return (
@@ -134,6 +136,14 @@ def keras_app(input_shape, num_outputs: int, application: str = "MobileNetV2", w
                 f"{' (model.resize_to)' if resize_to is not None else ', the size of the data'}. Set "
                 f"model.resize_to=[{h}, {w}]: a Resizing layer then scales the images up first."
             ) from None
-        raise ValueError(f"model=keras_app: tf_keras.applications.{application}(...) refused the model config: {err}") from None
+        hint = (
+            f" (model.weights={weights} must hold this application's weights without its top, for {image[2]}-channel "
+            "input and the same arguments, e.g. alpha; ImageNet's are for 3 channels)"
+            if weights is not None
+            else ""
+        )
+        raise ValueError(
+            f"model=keras_app: tf_keras.applications.{application}(...) refused the model config{hint}: {err}"
+        ) from None
     logits = keras.layers.Dense(num_outputs, dtype="float32", name="logits")(backbone(x))
     return keras.Model(inputs, logits, name=f"keras_app_{application}")

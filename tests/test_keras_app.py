@@ -42,6 +42,7 @@ def composed(*overrides):
         (["model.application=null"], ["model.application=None", "MobileNetV2"]),
         (["+model.include_top=true"], ["model.include_top is set by model=keras_app itself"]),
         (["+model.classifier_activation=softmax"], ["model.classifier_activation is set by model=keras_app"]),
+        (["+model.name=ResNet50"], ["the application is model.application"]),
     ],
 )
 def test_bad_keras_app_config_is_refused_before_tensorflow(overrides, needles):
@@ -148,6 +149,8 @@ def test_weights_from_a_local_file_are_loaded(tmp_path):
     second = _build(*DIGITS, "+model.alpha=0.35", f"model.weights={path}")
     for a, b in zip(first.layers[-2].get_weights(), second.layers[-2].get_weights()):
         np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError, match="for 3-channel input"):  # one channel's weights into an RGB model
+        _build("model=keras_app", "+model.alpha=0.35", f"model.weights={path}", input_shape=(32, 32, 3))
 
 
 @pytest.mark.slow
