@@ -73,6 +73,7 @@ def test_refusal_comes_from_the_cli_without_importing_tensorflow(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "model.weights='imagenet' is not allowed" in proc.stderr
     assert "TF_LOADED=False" in proc.stdout
+    assert "MLflow run" not in proc.stdout + proc.stderr and not (tmp_path / "mlflow.db").exists()  # no run started
 
 
 def test_help_lists_keras_app():
