@@ -152,8 +152,7 @@ def _undo_hydra_files(path: str) -> None:
 
 @probe
 def model_weights_exist(cfg):
-    """model=keras_app with model.weights=PATH: the file is there (a path Keras does not find would be taken for a
-    name to download, and the runner downloads nothing)."""
+    """model=keras_app model.weights=PATH: the file is there (the runner downloads nothing)."""
     weights = cfg.model.get("weights") if cfg.model.get("_target_") == "runner.models.keras_app" else None
     if weights is not None and not os.path.isfile(os.path.expanduser(str(weights))):
         raise ConfigError(

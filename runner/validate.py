@@ -212,10 +212,10 @@ def strategy_takes_input(cfg):
 
 @check
 def keras_app_model(cfg):
-    """model=keras_app: weights that would be downloaded (imagenet), a resize_to that is not [h, w], keys it sets itself."""
-    from runner import models  # no TensorFlow at its top
+    """model=keras_app: weights to download (imagenet), a resize_to that is not [h, w], keys it sets itself."""
+    from runner.models import keras_app_problem  # no TensorFlow
 
     if cfg.model.get("_target_") == "runner.models.keras_app":
-        problem = models.keras_app_problem(OmegaConf.to_container(cfg.model, resolve=True))
+        problem = keras_app_problem(OmegaConf.to_container(cfg.model, resolve=True))
         if problem:
             raise ConfigError(problem)

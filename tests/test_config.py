@@ -28,7 +28,7 @@ def composed(*overrides):
             ["default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu"],
         ),
         ("cross_device_ops", ["auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring"]),
-        ("model", ["linear", "mlp", "cnn", "keras_app"]),
+        ("model", ["linear", "mlp", "cnn"]),
         ("data", ["ones", "synthetic", "digits", "npz", "tfrecord"]),
         ("executor", ["fit", "custom_loop"]),
         ("cluster", ["local", "localhost", "tf_config", "slurm", "tpu"]),

@@ -76,7 +76,9 @@ def test_refusal_comes_from_the_cli_without_importing_tensorflow(tmp_path):
     assert "MLflow run" not in proc.stdout + proc.stderr and not (tmp_path / "mlflow.db").exists()  # no run started
 
 
-def test_help_lists_keras_app():
+def test_keras_app_composes_and_help_lists_it():
+    model = composed("model=keras_app").model
+    assert model._target_ == "runner.models.keras_app" and model.application == "MobileNetV2" and model.weights is None
     from runner import helptext
 
     assert "model: cnn, keras_app, linear, mlp" in helptext.render()
