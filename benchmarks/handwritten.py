@@ -1,11 +1,14 @@
 """The baseline: tf.distribute training written by hand, the way the guide teaches, with no runner code.
 
 Same model (MLP 20-64-64-4), data (seeded Gaussian features, 4 classes), global batch, strategy and steps
-as the runner's benchmark rows. Prints one JSON line: {"examples_per_sec": ..., "train_sec": ...}, where
-train_sec is the wall time of training, tracing included, as the runner measures it: the custom loop from
-making its iterator to the last step's loss; Model.fit from the call to its on_train_end. (After on_train_end,
-fit drops its input iterator, and tf.data's autotuning holds that teardown for ~1 s in about one run in three:
-timing it would measure that lottery, not training.)
+as the runner's benchmark rows. With --npz and --model mobilenetv2 (the compute-bound rows of
+`python -m benchmarks.wall --compute-bound`): the images of that file and tf_keras.applications.MobileNetV2 with
+random weights, no top, average pooling and a Dense head of logits, as the runner's model=keras_app builds it.
+Prints one JSON line: {"examples_per_sec": ..., "train_sec": ...}, where train_sec is the wall time of training,
+tracing included, as the runner measures it: the custom loop from making its iterator to the last step's loss;
+Model.fit from the call to its on_train_end. (After on_train_end, fit drops its input iterator, and tf.data's
+autotuning holds that teardown for ~1 s in about one run in three: timing it would measure that lottery, not
+training.)
 """
 
 import argparse
@@ -48,6 +51,8 @@ def train(
     steps_per_call=1,
     examples=4096,
     save=None,
+    model_name="mlp",
+    npz=None,
 ) -> dict:
     """One training run written the way the guide teaches; {"examples_per_sec": ..., "train_sec": ...}."""
     import numpy as np
@@ -56,9 +61,15 @@ def train(
     strategy = make_strategy(strategy_name, logical_cpus)
     import tf_keras as keras
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((examples, 20)).astype(np.float32)
-    y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int32)
+    if npz:
+        with np.load(npz) as f:
+            x, y = f["x_train"], f["y_train"]
+        examples = len(x)
+    else:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((examples, 20)).astype(np.float32)
+        y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int32)
+    classes = int(y.max()) + 1
     gbs = global_batch
     dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
@@ -69,14 +80,18 @@ def train(
     )
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.layers.Input(shape=(20,)),
-                keras.layers.Dense(64, activation="relu"),
-                keras.layers.Dense(64, activation="relu"),
-                keras.layers.Dense(4),
-            ]
-        )
+        if model_name == "mobilenetv2":
+            backbone = keras.applications.MobileNetV2(input_shape=x.shape[1:], include_top=False, weights=None, pooling="avg")
+            model = keras.Sequential([keras.layers.Input(shape=x.shape[1:]), backbone, keras.layers.Dense(classes)])
+        else:
+            model = keras.Sequential(
+                [
+                    keras.layers.Input(shape=(20,)),
+                    keras.layers.Dense(64, activation="relu"),
+                    keras.layers.Dense(64, activation="relu"),
+                    keras.layers.Dense(classes),
+                ]
+            )
         optimizer = keras.optimizers.SGD(learning_rate=0.05)
     if executor == "fit":
         with strategy.scope():
@@ -135,6 +150,8 @@ def main():
     p.add_argument("--steps-per-call", type=int, default=1)
     p.add_argument("--examples", type=int, default=4096)
     p.add_argument("--save", default=None, help="a directory: save model.keras there at the end")
+    p.add_argument("--model", default="mlp", choices=["mlp", "mobilenetv2"])
+    p.add_argument("--npz", default=None, help="train on x_train, y_train of this file instead of Gaussian features")
     args = p.parse_args()
     setup_devices(args.logical_cpus)
     print(
@@ -148,6 +165,8 @@ def main():
                 args.steps_per_call,
                 args.examples,
                 args.save,
+                args.model,
+                args.npz,
             )
         )
     )

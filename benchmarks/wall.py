@@ -2,6 +2,7 @@
 
     python -m benchmarks.wall                  # 6 rows x 3 sides x 3 interleaved rounds, 3000 steps; ~15 min on 2 cores
     python -m benchmarks.wall --quick          # one row, 20 steps, one round: checks that it runs
+    python -m benchmarks.wall --compute-bound  # MobileNetV2 on 32x32x3 images instead of the MLP (COMPUTE_ROWS)
 
 Sides, each a fresh process: the runner with MLflow (its default), the runner with mlflow.enabled=false, and a
 guide-style script (benchmarks/handwritten.py --save: train, then model.save; no tracking). Rounds are
@@ -11,6 +12,14 @@ is left, up to the process's exit, is `exit`. Speed ratios are times inverted: "
 MLflow-off time divided by the MLflow-on time (1.0: tracking costs nothing; above 0.95 is the target). The
 per-step slope (between --slope-steps and --steps) comes from whole-process times only. --end-steps measures how
 the cost after the last step grows with the run's length.
+
+--compute-bound: the same comparison where a step's compute, not the host, dominates: model=keras_app
+(MobileNetV2, random weights, no top, average pooling, Dense logits) on seeded Gaussian 32x32x3 images with 10
+random classes, written once to an .npz that both sides read (data=npz; handwritten.py --npz --model mobilenetv2),
+global batch 64, 300 steps (slope from 100), rows COMPUTE_ROWS, no end-cost table. Not yet run at scale; estimated
+~1 h on a quiet 2-core machine (48 + 24 processes of about 75 s and 50 s; tracing MobileNetV2's training graph over
+2 replicas alone took 46-150 s per process on the loaded 2 cores here). Smoke test (3 processes, ~3.5 min loaded):
+`python -m benchmarks.wall --compute-bound --quick --slope-steps 0`.
 """
 
 import argparse
@@ -31,21 +40,52 @@ ROWS = [
     ("central_storage", 2, "fit"),
     ("central_storage", 2, "custom_loop"),
 ]
+COMPUTE_ROWS = [
+    ("default", 1, "fit"),
+    ("default", 1, "custom_loop"),
+    ("mirrored", 2, "fit"),
+    ("mirrored", 2, "custom_loop"),
+]
+MLP_DATA = ("data.num_examples=4096", "data.eval_examples=256")  # the runner's data for ROWS (synthetic, the MLP)
+IMAGES = {"train": 2048, "eval": 256, "shape": (32, 32, 3), "classes": 10}
 AFTER_TRAINING = ("evaluation", "save", "mlflow end", "exit")
 
 
-def runner_argv(strategy, cpus, executor, steps, gbs):
-    """`python -m runner` for one row, one epoch of `steps` steps (the benchmarks add their own outputs)."""
+def runner_argv(strategy, cpus, executor, steps, gbs, data=MLP_DATA):
+    """`python -m runner` for one row, one epoch of `steps` steps (the benchmarks add their own outputs); `data`: the
+    data and model overrides (default: the MLP on synthetic data)."""
     return [
         sys.executable, "-m", "runner", f"strategy={strategy}", f"executor={executor}", f"devices.logical_cpus={cpus}",
-        f"train.global_batch_size={gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}", "data.num_examples=4096",
-        "data.eval_examples=256", "executor.verbose=0",
+        f"train.global_batch_size={gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}", *data, "executor.verbose=0",
     ]  # fmt: skip
 
 
+def write_images(workdir) -> str:
+    """The compute-bound rows' data: seeded Gaussian images and random labels, in one .npz both sides read."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = os.path.join(workdir, "images.npz")
+    arrays = {}
+    for split in ("train", "eval"):
+        arrays[f"x_{split}"] = rng.standard_normal((IMAGES[split], *IMAGES["shape"])).astype(np.float32)
+        arrays[f"y_{split}"] = rng.integers(0, IMAGES["classes"], IMAGES[split]).astype(np.int32)
+    np.savez(path, **arrays)
+    return path
+
+
+def compute_bound_sides(images):
+    """(runner overrides, handwritten.py arguments) for the compute-bound rows."""
+    return (
+        ["data=npz", f"data.path={images}", "model=keras_app", "model.application=MobileNetV2"],
+        [f"--npz={images}", "--model=mobilenetv2"],
+    )
+
+
 class Wall:
-    def __init__(self, workdir, gbs, extra=()):
+    def __init__(self, workdir, gbs, extra=(), data=MLP_DATA, script_extra=()):
         self.workdir, self.gbs, self.count, self.extra = workdir, gbs, 0, list(extra)
+        self.data, self.script_extra = data, list(script_extra)
 
     def _time(self, argv):
         self.count += 1
@@ -60,7 +100,7 @@ class Wall:
     def runner(self, strategy, cpus, executor, steps, mlflow=True):
         wall, out = self._time(
             [
-                *runner_argv(strategy, cpus, executor, steps, self.gbs),
+                *runner_argv(strategy, cpus, executor, steps, self.gbs, self.data),
                 f"hydra.run.dir={self.workdir}/runs/{self.count}",
                 f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
                 "mlflow.experiment_name=wall",
@@ -86,6 +126,7 @@ class Wall:
                 f"--global-batch={self.gbs}",
                 f"--steps={steps}",
                 f"--save={save}",
+                *self.script_extra,
             ]
         )
         return wall, {}
@@ -108,26 +149,46 @@ def median_phases(results):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.wall")
-    p.add_argument("--quick", action="store_true", help="one row, 20 steps, one round")
+    p.add_argument("--quick", action="store_true", help="one row, one round, 20 steps (slope from 10) unless given")
+    p.add_argument("--compute-bound", action="store_true", help="MobileNetV2 on 32x32x3 images (COMPUTE_ROWS)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--slope-steps", type=int, default=300, help="the shorter run of the per-step slope (0: no slope)")
+    p.add_argument("--steps", type=int, default=None, help="default 3000; 300 with --compute-bound")
+    p.add_argument("--slope-steps", type=int, default=None, help="the shorter run of the per-step slope (0: no slope); "
+                   "default 300; 100 with --compute-bound")  # fmt: skip
     p.add_argument("--only-end", action="store_true", help="only the cost after the last step (--end-steps)")
     p.add_argument("--runner-args", default="", help="more overrides for every runner run, space-separated")
-    p.add_argument("--end-steps", default="1000,10000,100000", help="run lengths for the cost after the last step ('': none)")
-    p.add_argument("--global-batch", type=int, default=256)
-    p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, not with --quick)")
+    p.add_argument("--end-steps", default=None, help="run lengths for the cost after the last step ('': none); "
+                   "default 1000,10000,100000; none with --compute-bound")  # fmt: skip
+    p.add_argument("--global-batch", type=int, default=None, help="default 256; 64 with --compute-bound")
+    p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, or "
+                   "docs/benchmarks-wall-compute.md with --compute-bound; none with --quick)")  # fmt: skip
     args = p.parse_args(argv)
-    rows = ROWS
+    rows = COMPUTE_ROWS if args.compute_bound else ROWS
+    if args.compute_bound:
+        defaults = (20, 10, "", 64) if args.quick else (300, 100, "", 64)
+    else:
+        defaults = (20, 10, "20", 256) if args.quick else (3000, 300, "1000,10000,100000", 256)
+    for name, value in zip(("steps", "slope_steps", "end_steps", "global_batch"), defaults):
+        if getattr(args, name) is None:  # given on the command line: kept, --quick included
+            setattr(args, name, value)
     if args.quick:
-        rows, args.rounds, args.steps, args.slope_steps, args.end_steps = ROWS[1:2], 1, 20, 10, "20"
-    w = Wall(tempfile.mkdtemp(prefix="runner-wall-"), args.global_batch, args.runner_args.split())
+        rows, args.rounds = rows[1:2], 1
+    workdir = tempfile.mkdtemp(prefix="runner-wall-")
+    data, script_extra = compute_bound_sides(write_images(workdir)) if args.compute_bound else (MLP_DATA, ())
+    w = Wall(workdir, args.global_batch, args.runner_args.split(), data, script_extra)
     lines = []
 
     def say(text):
         lines.append(text)
         print(text, flush=True)
 
+    if args.compute_bound:
+        say(
+            f"Compute-bound rows: {' '.join(data[2:])} (random weights) on {IMAGES['train']} seeded Gaussian "
+            f"{'x'.join(map(str, IMAGES['shape']))} images, {IMAGES['classes']} classes (data=npz); the script: "
+            "benchmarks/handwritten.py --model=mobilenetv2 on the same file."
+        )
+        say("")
     if args.runner_args:
         say(f"Every runner run with: {args.runner_args}")
         say("")
@@ -195,7 +256,8 @@ def main(argv=None):
         for steps in [int(s) for s in args.end_steps.split(",")]:
             _, phases = w.runner(strategy, cpus, executor, steps)
             say(f"| {steps} | {sum(phases.get(k, 0.0) for k in AFTER_TRAINING):.2f} | {phases.get('mlflow end', 0.0):.2f} |")
-    out = args.out or (None if args.quick else os.path.join(HERE, "..", "docs", "benchmarks-wall.md"))
+    name = "benchmarks-wall-compute.md" if args.compute_bound else "benchmarks-wall.md"
+    out = args.out or (None if args.quick else os.path.join(HERE, "..", "docs", name))
     if out:
         from benchmarks.run import machine
 

@@ -151,6 +151,18 @@ def _undo_hydra_files(path: str) -> None:
 
 
 @probe
+def model_weights_exist(cfg):
+    """model=keras_app model.weights=PATH: the file is there (the runner downloads nothing)."""
+    weights = cfg.model.get("weights") if cfg.model.get("_target_") == "runner.models.keras_app" else None
+    if weights is not None and not os.path.isfile(os.path.expanduser(str(weights))):
+        raise ConfigError(
+            f"model.weights={weights} is not a file here (working directory {os.getcwd()}). Give the local path of the "
+            "backbone's weights without its top (.h5, downloaded beforehand: the runner downloads nothing), or "
+            "model.weights=null to start from random weights."
+        )
+
+
+@probe
 def tf_config_well_formed(cfg):
     """TF_CONFIG mistakes, found before TensorFlow reads it (its own errors are KeyErrors and hangs)."""
     if not registry.selected(cfg, "cluster").caps.reads_tf_config:

@@ -233,3 +233,14 @@ def strategy_takes_input(cfg):
         raise ConfigError(
             f"data.input={cfg.data.input} is not supported with strategy={cfg.strategy.name}; use data.input={inputs[0]}."
         )
+
+
+@check
+def keras_app_model(cfg):
+    """model=keras_app: weights to download (imagenet), a resize_to that is not [h, w], keys it sets itself."""
+    from runner.models import keras_app_problem  # no TensorFlow
+
+    if cfg.model.get("_target_") == "runner.models.keras_app":
+        problem = keras_app_problem(OmegaConf.to_container(cfg.model, resolve=True))
+        if problem:
+            raise ConfigError(problem)

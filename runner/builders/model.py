@@ -63,6 +63,14 @@ def build_model(cfg, input_shape, num_outputs):
             f"model._target_={target!r} returned {type(model).__name__}, not a tf_keras model. "
             "Return tf_keras.Model (Keras 2; the runner sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras too)."
         )
+    if not model.built:  # a subclassed model makes its variables at its first call: make them now, in this scope,
+        try:  # so that the optimizer and the checkpoints see them before the first step (not inside it)
+            model.build((None, *input_shape))
+        except Exception as err:
+            raise ConfigError(
+                f"model._target_={target!r} built no variables, and building it for the data's input shape "
+                f"{tuple(input_shape)} failed: {err}. Give the model an Input, or a build() that takes (None, *input_shape)."
+            ) from None
     return model
 
 

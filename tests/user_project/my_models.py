@@ -24,3 +24,15 @@ def branchy(input_shape, num_outputs, width=8):
     inputs = tf_keras.Input(shape=input_shape)
     hidden = SignFlip()(tf_keras.layers.Dense(width, activation="tanh")(inputs))
     return tf_keras.Model(inputs, tf_keras.layers.Dense(num_outputs)(hidden))
+
+
+class TinyNet(tf_keras.Model):
+    """A subclassed model: named by `_target_` as a class; the runner passes num_outputs and YAML keys to __init__."""
+
+    def __init__(self, num_outputs, width=8):
+        super().__init__()
+        self.hidden = tf_keras.layers.Dense(width, activation="tanh")
+        self.logits = tf_keras.layers.Dense(num_outputs)
+
+    def call(self, x):
+        return self.logits(self.hidden(x))
