@@ -109,6 +109,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     from runner.checkpoints import Checkpoints
     from runner.executors import Job, get_executor
     from runner.executors.base import done_line
+    from runner.profiling import Profile
 
     waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
     joining = sentinel.deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster")
@@ -170,9 +171,11 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         cluster=cluster,
         checkpoints=checkpoints,
         checkpoint_every=cfg.checkpoint.every_n_steps,
+        profile=Profile(cfg.train.profile_steps, cfg.output_dir),
     )
     phases.mark("build")  # strategy, data, model
     result = get_executor(cfg.executor.name)(job)
+    job.profile.log_to(run)
     if cfg.save_model and saves and cfg.output_dir:
         path = layout.model_path(cfg.output_dir)
         model.save(path)

@@ -48,7 +48,10 @@ class Calls:
         self.client.set_terminated(run_id, status)
 
     def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(run_id, path, artifact_path)
+        if os.path.isdir(path):  # a directory's files (train.profile_steps' trace)
+            self.client.log_artifacts(run_id, path, artifact_path)
+        else:
+            self.client.log_artifact(run_id, path, artifact_path)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, redact(text), name)

@@ -143,6 +143,19 @@ def required_values(cfg):
 
 
 @check
+def profile_window(cfg):
+    steps = cfg.train.profile_steps
+    if steps is None:
+        return
+    steps = list(steps)
+    if len(steps) != 2 or steps[0] < 1 or steps[1] < steps[0]:
+        raise ConfigError(
+            f"train.profile_steps={steps} must be [first, last] with 1 <= first <= last (training steps, counted from 1), "
+            "e.g. train.profile_steps=[10,20]."
+        )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

@@ -72,6 +72,9 @@ def test_default_config_validates():
         (["strategy=parameter_server", "cluster=localhost"], "cluster.ps=1 or more"),
         (["data=npz", "data.path=/no/such/file.npz"], "/no/such/file.npz"),
         (["data=digits", "data.eval_fraction=1.5"], "data.eval_fraction=1.5"),
+        (["train.profile_steps=[5,2]"], "train.profile_steps=[5, 2] must be [first, last]"),
+        (["train.profile_steps=[0,2]"], "1 <= first <= last"),
+        (["train.profile_steps=[3]"], "train.profile_steps=[3]"),
     ],
 )
 def test_validation_names_the_bad_value(overrides, needle):

@@ -91,6 +91,11 @@ def kind_of(tokens):
             "tfds's own command downloads MNIST, and this machine has no network; README's data=tfds command runs on "
             "a stand-in MNIST that tfds itself prepares in the scratch directory (tests/tfds_tiny.py)"
         )
+    if "tensorboard" in tokens:
+        return "tensorboard", (
+            "starts TensorBoard's server, which runs until stopped, with a plugin this project does not install; "
+            "tests/test_profiling.py checks the trace it opens (profile/plugins/profile/<run>/<host>.xplane.pb)"
+        )
     if tokens[:3] == ["python", "-m", "runner.dashboard"]:
         return "dashboard", None
     if tokens[:3] == ["python", "-m", "runner.deliver"]:
@@ -230,6 +235,8 @@ def check_training(scratch, args, result):
     assert f"loss/replica_{replicas - 1}" in metrics and f"loss/replica_{replicas}" not in metrics
     artifacts = {a.path for a in scratch.client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "overrides.txt", "model"} <= artifacts, artifacts
+    if any(a.startswith("train.profile_steps=") for a in args):  # within TINY's two steps: a trace, logged
+        assert "profile" in artifacts and list(run_dir.glob("profile/plugins/profile/*/*.xplane.pb")), artifacts
 
 
 def run_training(scratch, tokens):

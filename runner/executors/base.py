@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from runner import STARTED, phases, teardown, tf_private
 from runner.errors import TrainingError
+from runner.profiling import Profile
 
 log = logging.getLogger("runner")
 
@@ -32,6 +33,7 @@ class Job:
     cluster: Any = None  # runner.builders.cluster.Cluster
     checkpoints: Any = None  # runner.checkpoints.Checkpoints, or None when checkpointing is off
     checkpoint_every: int | None = None  # steps; None: each epoch end
+    profile: Profile = field(default_factory=lambda: Profile(None, None))  # train.profile_steps' trace (none: off)
 
     @property
     def replicas(self) -> int:

@@ -166,8 +166,33 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
                 self.report(step, logs)
             guard.check(step)
 
+    class ProfileEpochs(tf_keras.callbacks.Callback):
+        """train.profile_steps, at the epochs that hold them (parameter_server: no batch-level hooks)."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            job.profile.before(epoch * spe + 1, spe)
+
+        def on_epoch_end(self, epoch, logs=None):
+            job.profile.after((epoch + 1) * spe)
+
+    class ProfileSteps(ProfileEpochs):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+        def on_train_batch_begin(self, batch, logs=None):
+            job.profile.before(self.epoch * spe + batch + 1, job.train.steps_per_execution)
+
+        def on_train_batch_end(self, batch, logs=None):
+            job.profile.after(self.epoch * spe + batch + 1)
+
     report = EpochReport() if job.parameter_server else BatchReport()
-    return [report, _progress_bar()] if mode == "bar" else [report]
+    callbacks = [report, _progress_bar()] if mode == "bar" else [report]
+    if job.profile.wanted:
+        callbacks.append(ProfileEpochs() if job.parameter_server else ProfileSteps())
+    return callbacks
 
 
 def run_fit(job: Job) -> Result:

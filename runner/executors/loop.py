@@ -111,8 +111,10 @@ def run(job: Job, trainer: Trainer) -> Result:
             progress.epoch(epoch)
             while done < spe:
                 n = min(trainer.steps_per_call, spe - done)
+                job.profile.before(step + 1, n)
                 trainer.train(n)
                 done, step = done + n, step + n
+                job.profile.after(step)
                 due_log = done - logged_at >= every or done == spe
                 due_ckpt = checkpoint_due(job, step, done == spe, last_saved)
                 if not (trainer.sync_every_call or due_log or due_ckpt or stopping.requested()):
