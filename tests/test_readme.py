@@ -379,6 +379,10 @@ def check_sweep(scratch, args, result):
     search = "sweep.best_run_id" in parent.data.tags
     for name in ("report.csv", "report.md", "throughput.png", "loss_curves.png"):
         assert (sweep_dir / name).exists(), f"{name} missing in {sweep_dir}"
+    if any(a.startswith("hydra/launcher=joblib") for a in args):  # jobs in parallel processes, devices set per job
+        assert "Joblib.Parallel(n_jobs=" in proc.stdout + proc.stderr
+        by_job = sorted(children, key=lambda c: int(c.data.tags["sweep.job_num"]))
+        assert [c.data.tags["num_replicas_in_sync"] for c in by_job] == ["1", "2"]  # one_device, mirrored over 2
     if search:
         check_search(sweep_dir, parent, children)
     else:

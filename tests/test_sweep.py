@@ -1,4 +1,4 @@
-"""Multirun sweeps: MLflow parent and child runs, a failing job, the report, the joblib launcher,
+"""Multirun sweeps: MLflow parent and child runs, a failing job, the report (README's joblib sweep: tests/test_readme.py),
 experiment presets, and the dashboard checked in headless Chromium."""
 
 import csv
@@ -112,20 +112,6 @@ def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
     assert children[2].data.params["strategy.name"] == "parameter_server"
     with open(sweep_dir / "report.csv") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["FINISHED", "FAILED", "FAILED", "FAILED"]
-
-
-@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
-def test_joblib_launcher_runs_jobs_in_parallel_processes(runner):
-    proc, _ = sweep(
-        runner,
-        "joblib",
-        ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=one_device,mirrored", "devices.logical_cpus=2", *FAST],
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
-    _, parent, children = family(runner, "joblib")
-    assert parent.info.status == "FINISHED"
-    assert [c.data.tags["num_replicas_in_sync"] for c in children] == ["1", "2"]  # devices set per job process
 
 
 def test_experiment_presets_compose():
