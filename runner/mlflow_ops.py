@@ -80,6 +80,7 @@ def log_keras_model(uri, run_id, keras_path, inputs, outputs, example, register_
     from mlflow.entities import LoggedModelOutput
     from mlflow.models import Model, ModelSignature
 
+    mlflow.set_tracking_uri(uri)  # Model.log's own client (the MLflow process has it as $MLFLOW_TRACKING_URI too)
     client = mlflow.MlflowClient(uri)
     try:
         experiment_id = client.get_run(run_id).info.experiment_id
