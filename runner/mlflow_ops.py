@@ -46,6 +46,19 @@ def dataset_inputs(datasets: list) -> list:
 
 
 # --- the model --------------------------------------------------------------------------------------------------
+def warm_up() -> None:
+    """While the run trains, do what logging the model does once per process: import mlflow.pyfunc and its models
+    (1-2 s), and map every installed module to its package for MLflow's check of the model's requirements against
+    this environment (it reads every installed package's file list: 1-4 s here). Both would otherwise come after the
+    last step, on the user's clock."""
+    import mlflow.models  # noqa: F401
+    import mlflow.pyfunc  # noqa: F401
+    from mlflow.types.schema import Schema  # noqa: F401
+    from mlflow.utils.requirements_utils import warn_dependency_requirement_mismatches
+
+    warn_dependency_requirement_mismatches(_requirements())  # pinned to what is installed: it only builds the map
+
+
 class _Pyfunc:
     """mlflow.pyfunc as Model.log's flavor, minus its serving check of the input example: that check loads the model,
     and TensorFlow with it, in this process (4-8 s at the end of every run). tests/test_mlflow_features.py loads and

@@ -6,15 +6,13 @@ Two real runs of the runner (seeds 1 and 2, registered under one name) feed ever
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from helpers import free_port, serve_and_predict
 
 pytestmark = pytest.mark.slow  # real runner runs, then TensorFlow loads the model in other processes
 
@@ -120,94 +118,14 @@ def test_the_logged_model_loads_through_pyfunc_and_predicts_as_the_keras_file(pr
     assert "float32" in predictions["signature"] and "20" in predictions["signature"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_models_serve_answers_a_request(predictions, store, tmp_path):
     import numpy as np
 
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "models",
-            "serve",
-            "-m",
-            f"models:/{NAME}/1",
-            "--env-manager",
-            "local",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-w",
-            "1",
-        ],  # fmt: skip
-        env=_env(store[1]),
-        cwd=store[0],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: stopped whole below
-    )
-    try:
-        deadline = time.monotonic() + 150
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow models serve did not answer /ping in 150 s"
-            time.sleep(0.5)
-        body = json.dumps({"inputs": predictions["x"]}).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=60) as r:
-            answer = json.loads(r.read())
-        assert np.allclose(answer["predictions"], predictions["direct"], rtol=0, atol=1e-5)
-    finally:
-        _stop_group(server)
-        log.close()
-    assert not _live_members(server.pid), "mlflow models serve left processes behind"
-
-
-def _live_members(pgid: int) -> list[int]:
-    """Processes of the group that are not zombies (a container's init may leave those unreaped)."""
-    live = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                live.append(int(entry))
-    return live
-
-
-def _stop_group(server: subprocess.Popen) -> None:
-    """SIGTERM to the server's whole process group, SIGKILL after 15 s."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            server.poll()
-            if not _live_members(server.pid):
-                return
-            time.sleep(0.2)
+    argv = [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{NAME}/1", "--env-manager", "local",
+            "-h", "127.0.0.1", "-p", str(free_port()), "-w", "1"]  # fmt: skip
+    answer, left = serve_and_predict(argv, store[0], _env(store[1]), predictions["x"], tmp_path / "serve.log")
+    assert np.allclose(answer["predictions"], predictions["direct"], rtol=0, atol=1e-5)
+    assert not left, f"mlflow models serve left processes behind: {left}"
 
 
 def test_a_registry_that_refuses_fails_the_run_readably(runs):
