@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-HASH_BYTES = 64 << 20  # per array: hash at most this much of it (a whole row every `stride` rows)
+HASH_BYTES = 16 << 20  # per array: hash at most this much of it (a whole row every `stride` rows)
 DIGEST_CHARS = 16
 
 

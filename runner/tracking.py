@@ -2,8 +2,9 @@
 
 MLflow itself runs in a process of its own (runner/mlflow_process.py), started by `prestart` before TensorFlow
 is imported; this process reaches it through runner/mlflow_pipe.py and reports through runner/runlog.py's
-`RunLog.log_metrics(values, step)`. Only mlflow_process.py, store.py, journal.py, outbox.py and the tools
-that read runs back (sweep, report, deliver, watchdog) import mlflow.
+`RunLog.log_metrics(values, step)`. Only mlflow_process.py (and its mlflow_ops.py), store.py, journal.py, outbox.py,
+the logged model's own code (mlflow_model.py) and the tools that read runs back (sweep, report, deliver, watchdog)
+import mlflow.
 """
 
 import contextlib

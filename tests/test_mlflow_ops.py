@@ -155,3 +155,23 @@ def test_system_metrics_without_psutil_are_a_warning(monkeypatch, caplog):
         monitor = SystemMetrics("sqlite:///unused.db", "run", 1.0, False)
         assert monitor.stop() == 0
     assert "system metrics are off for this run" in caplog.text and "pip install psutil" in caplog.text
+
+
+def test_the_training_side_of_these_features_never_imports_mlflow():
+    """Describing the data and asking for the model run in the training process, which must not import mlflow
+    (seconds of its start-up): they send plain values to the MLflow process."""
+    import ast
+    from pathlib import Path
+
+    runner_dir = Path(__file__).resolve().parents[1] / "runner"
+    for name in ("data_description.py", "logged_model.py", "runlog.py", "mlflow_pipe.py", "tracking.py", "experiment.py"):
+        tree = ast.parse((runner_dir / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            assert not any(m == "mlflow" or m.startswith("mlflow.") for m in modules), f"{name} imports {modules}"
+            assert "runner.mlflow_ops" not in modules and "runner.mlflow_model" not in modules, f"{name} imports {modules}"
