@@ -177,7 +177,10 @@ class RunLog:
         self._side.append(thread)
 
     def log_model(self, keras_path: str, **args) -> dict:
-        """The saved model as an MLflow model (runner/mlflow_ops.py); raises what the MLflow process raised."""
+        """The saved model as an MLflow model (runner/mlflow_ops.py); raises what the MLflow process raised, or at once
+        while the store is unreachable (each of its calls would wait out MLflow's retries)."""
+        if self._outage is not None:
+            raise RuntimeError(f"MLflow at {redact_uri(self.tracking_uri)} is unreachable ({self._outage})")
         return self._client.log_model(self.run_id, keras_path, **args)
 
     def close(self, status: str | None) -> None:
