@@ -37,12 +37,6 @@ class Calls:
     def __init__(self, client, uri: str, owner_pid: int):
         self.client, self.uri, self.owner_pid = client, uri, owner_pid
         self._monitors: dict = {}  # run id -> its system-metrics monitor (runner/mlflow_ops.py)
-        try:  # CPU utilisation is measured between two readings: take the first now, not as a run's first sample
-            import psutil
-
-            psutil.cpu_percent()
-        except ImportError:
-            pass  # no system metrics: said when a run asks for them
 
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
