@@ -164,6 +164,8 @@ def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:
         pipe.stop_system_metrics(run_id, timeout=SYSTEM_METRICS_STOP_SEC)
     except (PipeError, TimeoutError) as err:
         log.warning("system metrics: the monitor did not stop cleanly (%s)", err or "timed out")
+    except KeyboardInterrupt:  # a second Ctrl-C: the run must still be ended (RunLog.close)
+        log.warning("system metrics: not waiting for the monitor's last point")
 
 
 def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
