@@ -13,7 +13,9 @@ import platform
 from omegaconf import DictConfig
 
 from runner import datasets, layout, phases, stopping
+from runner.data_description import describe as describe_data
 from runner.env import native_stderr_captured
+from runner.logged_model import log_mlflow_model
 from runner.tracking import NullRun, discard_prestarted, mlflow_run
 
 log = logging.getLogger("runner")
@@ -137,6 +139,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         }
     )
     arrays = datasets.load(cfg.data)
+    run.log_inputs(describe_data(cfg.data, arrays))  # MLflow's dataset view: name, source, digest, schema, rows
     parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     data = build_data(cfg.data, arrays, cfg.train, replicas, cluster, parameter_server)
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
@@ -181,6 +184,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         model.save(path)
         run.log_artifact(path, "model")
         log.info("model saved to %s", path)
+        if cfg.mlflow.log_model:
+            log_mlflow_model(run, path, arrays, cfg.mlflow.register_as)
     phases.mark("save")
     log.info(done_line(result, result.summary))
     return {"run_id": run.run_id, "steps": result.steps, "final_loss": result.final_loss, **result.eval, **result.summary}

@@ -90,7 +90,8 @@ class Pipe:
         log.warning("the MLflow process (pid %d) ended; started another (pid %d, restart %d/%d)", old, self.proc.pid,
                     self.restarts, self.RESTARTS)  # fmt: skip
 
-    def call(self, op: str, **args):
+    def call(self, op: str, timeout: float | None = None, **args):
+        """Send one call and wait for its answer (at most `timeout` seconds: then TimeoutError, the call goes on)."""
         waiter: Future = Future()
         with self._lock:
             self._restart_if_gone()
@@ -104,7 +105,7 @@ class Pipe:
             except (OSError, ValueError) as err:  # its stdin is closed: it is gone
                 self._waiting.pop(number, None)
                 raise PipeError(f"the MLflow process (pid {self.proc.pid}) is gone ({err})") from None
-        return waiter.result()
+        return waiter.result(timeout)
 
     # MlflowClient's names, with plain lists for entities: [key, value, timestamp, step], [key, value].
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
@@ -127,6 +128,16 @@ class Pipe:
 
     def start(self, **args) -> dict:
         return self.call("start", **args)
+
+    # The runner's own ops (runner/mlflow_ops.py): datasets, the MLflow model, system metrics.
+    def log_inputs(self, run_id: str, datasets: list) -> None:
+        self.call("log_inputs", run_id=run_id, datasets=datasets)
+
+    def log_model(self, run_id: str, keras_path: str, **args) -> dict:
+        return self.call("log_model", run_id=run_id, keras_path=os.path.abspath(keras_path), **args)
+
+    def stop_system_metrics(self, run_id: str, timeout: float | None = None) -> int:
+        return self.call("stop_system_metrics", run_id=run_id, timeout=timeout)
 
     def close(self) -> None:
         """End the MLflow process: it finishes the calls it has, then exits (killed if one is stuck)."""

@@ -36,6 +36,7 @@ class Calls:
 
     def __init__(self, client, uri: str, owner_pid: int):
         self.client, self.uri, self.owner_pid = client, uri, owner_pid
+        self._monitors: dict = {}  # run id -> its system-metrics monitor (runner/mlflow_ops.py)
 
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -56,6 +57,30 @@ class Calls:
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, redact(text), name)
 
+    def log_inputs(self, run_id: str, datasets: list) -> None:
+        """The run's datasets (runner/data_description.py's dicts) as MLflow Dataset entities, one per context."""
+        from runner.mlflow_ops import dataset_inputs
+
+        self.client.log_inputs(run_id, datasets=dataset_inputs(datasets))
+
+    def log_model(self, run_id: str, keras_path: str, inputs: dict, outputs: dict, example: list, register_as=None) -> dict:
+        """The saved .keras model as an MLflow pyfunc model (runner/mlflow_model.py), registered when asked."""
+        from runner.mlflow_ops import log_keras_model
+
+        return log_keras_model(self.uri, run_id, keras_path, inputs, outputs, example, register_as)
+
+    def start_system_metrics(self, run_id: str, every_sec: float, resumed: bool = False) -> None:
+        """MLflow's SystemMetricsMonitor on `run_id`, started in a thread: the caller does not wait for it."""
+        from runner.mlflow_ops import SystemMetrics
+
+        if run_id not in self._monitors:
+            self._monitors[run_id] = SystemMetrics(self.uri, run_id, every_sec, resumed)
+
+    def stop_system_metrics(self, run_id: str) -> int:
+        """Stop the monitor, logging what it sampled since its last point; returns the points it logged."""
+        monitor = self._monitors.pop(run_id, None)
+        return monitor.stop() if monitor is not None else 0
+
     def start(
         self,
         cfg: dict,
@@ -65,10 +90,20 @@ class Calls:
         parent: str | None,
         job: str | None,
         tags: dict,
+        system_metrics_every_sec: float | None = None,
     ) -> dict:
-        """Continue, attach to, or create the run; a new one gets the config as params and artifacts."""
+        """Continue, attach to, or create the run; a new one gets the config as params and artifacts. The run's owner
+        (not an attached task) samples system metrics every `system_metrics_every_sec` (None: not)."""
         try:
-            return self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
+            started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
+            if system_metrics_every_sec and not attached:
+                self.start_system_metrics(started["run_id"], system_metrics_every_sec, bool(resumed))
+            launcher = cfg["cluster"]["name"] == "localhost" and not attached  # its chief task logs the model
+            if cfg.get("save_model") and cfg["mlflow"].get("log_model") and not launcher:
+                from runner.mlflow_ops import warm_up
+
+                threading.Thread(target=warm_up, name="mlflow-warm-up", daemon=True).start()
+            return started
         except ConfigError:
             raise
         except Exception as err:  # MlflowException, connection errors: nothing has been trained yet
@@ -151,6 +186,7 @@ def main(argv) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     owner_pid, uri = int(argv[0]), os.environ.get("MLFLOW_TRACKING_URI", "")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would land in the user's terminal
     out, out_lock = sys.stdout, threading.Lock()
 
     def send(message: dict) -> None:

@@ -55,6 +55,7 @@ class RunLog:
         self._outage = None  # why the last delivery failed, while it keeps failing
         self._thread = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
         self._thread.start()
+        self._side: list[threading.Thread] = []  # calls nothing waits for (log_inputs), joined by close()
 
     def log_metrics(self, values: dict[str, float], step: int) -> None:
         # Plain (key, value, timestamp, step) tuples: the cheapest thing to make on the training thread.
@@ -160,8 +161,32 @@ class RunLog:
         with self._lock:
             return len(self._metrics) + len(self._tags)
 
+    def log_inputs(self, datasets: list[dict]) -> None:
+        """The run's datasets (runner/data_description.py), logged in the background: training does not wait."""
+        if not datasets:
+            return
+
+        def send():
+            try:
+                self._client.log_inputs(self.run_id, datasets)
+            except Exception as err:
+                log.warning("could not log the run's datasets to MLflow (%s)", redact(str(err).strip())[:300])
+
+        thread = threading.Thread(target=send, name="mlflow-inputs", daemon=True)
+        thread.start()
+        self._side.append(thread)
+
+    def log_model(self, keras_path: str, **args) -> dict:
+        """The saved model as an MLflow model (runner/mlflow_ops.py); raises what the MLflow process raised, or at once
+        while the store is unreachable (each of its calls would wait out MLflow's retries)."""
+        if self._outage is not None:
+            raise RuntimeError(f"MLflow at {redact_uri(self.tracking_uri)} is unreachable ({self._outage})")
+        return self._client.log_model(self.run_id, keras_path, **args)
+
     def close(self, status: str | None) -> None:
         """Deliver everything, then end the run with `status` (None: leave it to its owner)."""
+        for thread in self._side:
+            thread.join(self.delivery_timeout)
         self._stop.set()
         self._wake.set()
         self._thread.join()
@@ -238,6 +263,12 @@ class NullRun:
 
     def log_artifact(self, path, artifact_path=None):
         pass
+
+    def log_inputs(self, datasets):
+        pass
+
+    def log_model(self, keras_path, **args):
+        return None
 
     def close(self, status):
         pass

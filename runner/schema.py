@@ -61,6 +61,13 @@ class MlflowConfig:
     # however long the run
     flush_every_sec: float = ranged(5.0, ge=1, why="sending more often slows training many times over (0 made it 10-16x slower)")
     delivery_timeout_sec: float = ranged(120.0, ge=0)  # at the end: wait this long for a server that is down, then save an outbox
+    # MLflow's own system metrics (CPU, memory, disk, network; GPU where nvidia-ml-py finds one), sampled in the MLflow
+    # process for the run this process owns, as system/* metrics
+    system_metrics: bool = True
+    system_metrics_every_sec: float = ranged(5.0, ge=1, why="each sample also reads the run back from the store")
+    # the trained model as an MLflow model (pyfunc over model.keras, runner/mlflow_model.py): loadable and servable
+    log_model: bool = True
+    register_as: str | None = None  # a registered model name: each run adds a version (needs log_model and save_model)
 
 
 @dataclass

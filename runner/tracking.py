@@ -2,8 +2,9 @@
 
 MLflow itself runs in a process of its own (runner/mlflow_process.py), started by `prestart` before TensorFlow
 is imported; this process reaches it through runner/mlflow_pipe.py and reports through runner/runlog.py's
-`RunLog.log_metrics(values, step)`. Only mlflow_process.py, store.py, journal.py, outbox.py and the tools
-that read runs back (sweep, report, deliver, watchdog) import mlflow.
+`RunLog.log_metrics(values, step)`. Only mlflow_process.py (and its mlflow_ops.py), store.py, journal.py, outbox.py,
+the logged model's own code (mlflow_model.py) and the tools that read runs back (sweep, report, deliver, watchdog)
+import mlflow.
 """
 
 import contextlib
@@ -130,6 +131,7 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
     except BaseException:
         pipe.close()
         raise
+    monitored = cfg.mlflow.system_metrics and runlog.owner  # attached tasks: the launcher's run is monitored by it
     status = "FAILED"
     try:
         yield runlog
@@ -147,9 +149,24 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
         raise
     finally:
         try:
+            if monitored:
+                _stop_system_metrics(pipe, runlog.run_id)
             runlog.close(status)
         finally:
             pipe.close()
+
+
+SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor after 5 s (runner/mlflow_ops.py)
+
+
+def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:
+    """Stop MLflow's system-metrics monitor before the run ends (its last point is logged then)."""
+    try:
+        pipe.stop_system_metrics(run_id, timeout=SYSTEM_METRICS_STOP_SEC)
+    except (PipeError, TimeoutError) as err:
+        log.warning("system metrics: the monitor did not stop cleanly (%s)", err or "timed out")
+    except KeyboardInterrupt:  # a second Ctrl-C: the run must still be ended (RunLog.close)
+        log.warning("system metrics: not waiting for the monitor's last point")
 
 
 def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
@@ -173,6 +190,7 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
             parent=os.environ.get(contract.PARENT_RUN),
             job=os.environ.get(contract.SWEEP_JOB),
             tags=tags,
+            system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,
         )
     except PipeError as err:
         raise ConfigError(

@@ -11,6 +11,7 @@ that names the bad value and the valid choices.
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -257,3 +258,26 @@ def keras_app_model(cfg):
         problem = keras_app_problem(OmegaConf.to_container(cfg.model, resolve=True))
         if problem:
             raise ConfigError(problem)
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
+
+@check
+def registered_model_name(cfg):
+    """mlflow.register_as: a name `models:/<name>/<version>` can carry, and a model to register."""
+    name = cfg.mlflow.register_as
+    if name is None:
+        return
+    if not MODEL_NAME.fullmatch(str(name)):
+        raise ConfigError(
+            f"mlflow.register_as={name!r} is not a usable model name: use 1-200 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit (it becomes models:/<name>/<version>)."
+        )
+    if not (cfg.mlflow.log_model and cfg.save_model and cfg.mlflow.enabled):
+        off = [k for k, v in (("mlflow.enabled", cfg.mlflow.enabled), ("save_model", cfg.save_model),
+                              ("mlflow.log_model", cfg.mlflow.log_model)) if not v]  # fmt: skip
+        raise ConfigError(
+            f"mlflow.register_as={name} registers the logged model, but {' and '.join(k + '=false' for k in off)}: "
+            "drop mlflow.register_as, or turn them back on."
+        )

@@ -231,3 +231,71 @@ def build_tfds(data_dir, name="tiny_shapes", version="1.0.0", side=8, classes=4,
     proc = subprocess.run([*argv, str(train), str(test)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Path(data_dir) / name / version
+
+
+def serve_and_predict(argv, cwd, env, inputs, log_path, timeout=150):
+    """Start `mlflow models serve ...` (argv, its port from `-p`) in its own process group, wait for /ping, POST
+    {"inputs": inputs} to /invocations, and stop the whole group whatever happens. Returns (answer, pids left alive)."""
+    import json
+    import signal
+    import time
+    import urllib.request
+
+    port = argv[argv.index("-p") + 1]
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                assert server.poll() is None, Path(log_path).read_text()[-3000:]
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, f"mlflow models serve did not answer /ping in {timeout} s"
+                time.sleep(0.5)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/invocations",
+                data=json.dumps({"inputs": inputs}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=60) as r:
+                answer = json.loads(r.read())
+        finally:
+            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(server.pid, sig)
+                except ProcessLookupError:
+                    break
+                stop_at = time.monotonic() + wait
+                while live_group_members(server.pid) and time.monotonic() < stop_at:
+                    server.poll()
+                    time.sleep(0.2)
+                if not live_group_members(server.pid):
+                    break
+    return answer, live_group_members(server.pid)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of a process group that are not zombies (a container's init may leave those unreaped)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                live.append(int(entry))
+    return live
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -194,6 +194,7 @@ OUT_OF_RANGE = {
     "train.optimizer.momentum": st.one_of(_floats(1, 1e6), _floats(-1e6, 0, exclude_max=True)),
     "mlflow.flush_every_sec": st.one_of(_floats(-1e6, 0.99), st.just(float("nan"))),
     "mlflow.delivery_timeout_sec": _floats(-1e6, 0, exclude_max=True),
+    "mlflow.system_metrics_every_sec": _floats(-1e6, 0.99),
     "data.num_examples": st.integers(-(10**6), 0),
     "data.eval_examples": st.integers(-(10**6), 0),
     "data.num_features": st.integers(-(10**3), 0),
@@ -212,6 +213,8 @@ WRONG_COMBOS = [
     (["strategy=default", "cluster=tpu"], "cluster=tpu"),  # strategy=auto would pick tpu for it
     (["train.epochs=lots"], "train.epochs"),
     (["train.optimizer.learning_rate=fast"], "train.optimizer.learning_rate"),
+    (["mlflow.register_as=a/b"], "mlflow.register_as"),
+    (["mlflow.register_as=m", "mlflow.log_model=false"], "mlflow.log_model=false"),
 ]
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, write_bmp, write_image_folder
+from helpers import ROOT, free_port, serve_and_predict, write_bmp, write_image_folder
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -110,6 +110,8 @@ def kind_of(tokens):
         return "benchmark-wall", None
     if tokens[:2] == ["python", "-m"] and tokens[2].startswith("benchmarks."):
         return "benchmark-loop", None
+    if tokens[:3] == ["mlflow", "models", "serve"]:
+        return "serve", None  # serves what README's mlflow.register_as command registered: run after it
     args = _runner_args(tokens)
     if args is None:
         return "unknown", None
@@ -567,6 +569,29 @@ def check_gpu_benchmark(scratch, args, proc):
     assert "needs NVIDIA GPUs" in proc.stderr and "benchmarks.run" in proc.stderr
 
 
+def run_serve(scratch, tokens, results):
+    """README's serve command (on a free port) after README's register command: one request, then the server's
+    process group stopped."""
+    register = next(k for k, (kind, _) in KINDS.items() if kind == "train" and "mlflow.register_as=" in k)
+    _, run_dir = results(register)
+    params = _run_of(scratch, run_dir).data.params
+    argv = [sys.executable, "-m", "mlflow", *tokens[1:]]
+    argv[argv.index("-p") + 1] = str(free_port())
+    env = {**_env(), "MLFLOW_TRACKING_URI": scratch.uri}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # uvicorn, as in an activated venv
+    rows = [[0.5] * int(params["data.num_features"])] * 2
+    log_dir = scratch.dir("serve")
+    log_dir.mkdir(parents=True)
+    answer, left = serve_and_predict(argv, scratch.root, env, rows, log_dir / "serve.log")
+    return answer, left, int(params["data.num_classes"])
+
+
+def check_serve(scratch, args, result):
+    answer, left, classes = result
+    assert len(answer["predictions"]) == 2 and len(answer["predictions"][0]) == classes, answer
+    assert not left, f"mlflow models serve left processes behind: {left}"
+
+
 RUNNERS = {
     "setup": lambda s, t: run_training(s, _setup_steps(t)[-1]),
     "train": run_training,
@@ -585,7 +610,7 @@ RUNNERS = {
     "tfds": run_tfds,
     "image-folder": run_image_folder,
 }
-DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord}
+DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord, "serve": run_serve}
 CHECKS = {
     "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
     "train": check_training,
@@ -606,6 +631,7 @@ CHECKS = {
     "tfrecord": check_tfrecord,
     "tfds": check_training,
     "image-folder": check_training,
+    "serve": check_serve,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}
