@@ -48,7 +48,7 @@ class TrainConfig:
     steps_per_loop: int = ranged(1, ge=1)  # custom_loop: steps per tf.function call
     log_every_n_steps: int = ranged(10, ge=1)
     mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
-    profile_steps: list[int] | None = None  # [first, last]: a TensorFlow profiler trace of those steps (runner/profiling.py)
+    profile_steps: list[int] | None = ranged(None, ge=1, null="no trace")  # [first, last]: a profiler trace (runner/profiling.py)
 
 
 @dataclass

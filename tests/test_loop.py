@@ -13,6 +13,7 @@ import pytest
 from runner import stopping
 from runner.errors import TrainingError
 from runner.executors import loop
+from runner.profiling import Profile
 
 
 class Reporter:
@@ -48,6 +49,7 @@ def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None)
         multi_worker=False,
         cluster=None,
         strategy=None,  # StopGuard: no TF handler
+        profile=Profile(None, None),  # train.profile_steps unset: no trace
     )
     job.restore = lambda: checkpoints.restore() if checkpoints else 0
     return job
