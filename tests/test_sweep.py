@@ -206,9 +206,19 @@ def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
             parent_link.locator("xpath=ancestor::*[@role='gridcell'][1]").locator("button").first.click()
             for child in children:
                 page.get_by_role("link", name=child.info.run_name, exact=True).wait_for(timeout=60_000)
+            # The Dataset column: each job's training data, logged as a run input (name and digest).
+            page.get_by_text("synthetic-train (").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(runner.root / "dashboard-runs.png"))
             page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}")
             page.get_by_text("throughput/examples_per_sec", exact=True).first.wait_for(timeout=60_000)
+            # MLflow's system-metrics charts for the run, sampled in its MLflow process.
+            page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}/system-metrics")
+            page.get_by_text("cpu_utilization_percentage", exact=True).first.wait_for(timeout=60_000)
+            page.get_by_text("system_memory_usage_megabytes", exact=True).first.wait_for(timeout=60_000)
+            page.screenshot(path=str(runner.root / "dashboard-system-metrics.png"))
             browser.close()
+        for shot in ("dashboard-runs.png", "dashboard-system-metrics.png"):
+            assert (runner.root / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
