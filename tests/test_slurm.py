@@ -1,0 +1,104 @@
+"""cluster=slurm on a real Slurm cluster (the `slurm` fixture: munged, slurmctld and slurmd on this machine): the runner's
+tasks are started by `srun`, and SlurmClusterResolver reads what Slurm really sets. Each job ends with one FINISHED
+MLflow run. Skipped with the reason where the cluster cannot start (tests/slurm_cluster.py)."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT, mlflow_run_by_name
+
+pytestmark = pytest.mark.slow
+
+EXPERIMENT = "slurm"
+TINY = [
+    "data.num_examples=512",
+    "data.eval_examples=128",
+    "train.epochs=1",
+    "train.steps_per_epoch=4",
+    "train.global_batch_size=64",
+    "train.log_every_n_steps=1",
+]
+
+
+def _free_port_run(n):
+    """The first of n consecutive free ports (SlurmClusterResolver gives task i the port port_base + i)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def srun_runner(slurm, store, ntasks, name, args, timeout=240):
+    """`srun -n <ntasks> python -m runner ... cluster=slurm`; (exit code, output, seconds)."""
+    root, uri = store
+    env = {k: v for k, v in slurm.env.items() if k != "MLFLOW_TRACKING_URI"}
+    # srun hands its environment to the tasks: the same Python finds this checkout's code.
+    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    argv = [
+        "srun",
+        f"--ntasks={ntasks}",
+        "--kill-on-bad-exit=1",
+        f"--job-name={name}",
+        f"--chdir={root}",
+        sys.executable,
+        "-m",
+        "runner",
+        "cluster=slurm",
+        f"cluster.port_base={_free_port_run(ntasks)}",
+        *TINY,
+        *args,
+        f"mlflow.experiment_name={EXPERIMENT}",
+        f"mlflow.run_name={name}",
+        f"mlflow.tracking_uri={uri}",
+        f"hydra.run.dir={root}/runs/{name}",
+    ]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+        raise AssertionError(f"srun did not return within {timeout} s; jobs: {slurm.jobs()}\n{out[-4000:]}") from None
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
+
+
+def final_losses(output):
+    return [float(x) for x in re.findall(r"done: \d+ steps, final loss ([0-9.]+)", output)]
+
+
+@pytest.mark.parametrize("executor", ["fit", "custom_loop"])
+def test_multi_worker_mirrored_under_srun(slurm, store, executor):
+    name = f"mwms-{executor}"
+    code, output, _ = srun_runner(
+        slurm, store, 2, name, ["strategy=multi_worker_mirrored", "cross_device_ops=ring", f"executor={executor}"]
+    )
+    assert code == 0, output[-4000:]
+    assert "worker:0:" in output and "worker:1:" in output  # both Slurm tasks took their place in the cluster
+    losses = final_losses(output)
+    assert len(losses) == 2 and losses[0] == losses[1], output[-3000:]  # both workers agree
+    _, run = mlflow_run_by_name(store[1], EXPERIMENT, name)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["cluster.name"] == "slurm"
+    assert run.data.tags["num_workers"] == "2" and run.data.tags["num_replicas_in_sync"] == "2"
+    assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
+    assert not slurm.jobs()
