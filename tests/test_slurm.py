@@ -102,3 +102,19 @@ def test_multi_worker_mirrored_under_srun(slurm, store, executor):
     assert run.data.tags["num_workers"] == "2" and run.data.tags["num_replicas_in_sync"] == "2"
     assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
     assert not slurm.jobs()
+
+
+def test_parameter_server_under_srun_ends_when_the_chief_is_done(slurm, store):
+    """srun -n 3 with cluster.ps=1: task 0 is the ps, task 1 the chief, task 2 a worker (README). The ps and the
+    worker serve forever unless told: they watch the chief and exit 0 once it has ended, so srun returns."""
+    name = "ps"
+    code, output, seconds = srun_runner(slurm, store, 3, name, ["strategy=parameter_server", "cluster.ps=1"])
+    assert code == 0, output[-4000:]
+    assert "ps:0 serving at" in output and "worker:0 serving at" in output
+    assert output.count("has ended; stopping this server") == 2, output[-3000:]
+    _, run = mlflow_run_by_name(store[1], EXPERIMENT, name)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["cluster.name"] == "slurm" and run.data.tags["num_workers"] == "1"
+    assert "chief:0: ParameterServerStrategyV2" in output
+    assert "loss/replica_0" in run.data.metrics
+    assert not slurm.jobs()
