@@ -94,6 +94,7 @@ def test_multi_worker_mirrored_under_srun(slurm, store, executor):
     )
     assert code == 0, output[-4000:]
     assert "worker:0:" in output and "worker:1:" in output  # both Slurm tasks took their place in the cluster
+    assert "device:GPU" not in output  # a CPU node: replicas on the CPU, not on a GPU the resolver made up
     losses = final_losses(output)
     assert len(losses) == 2 and losses[0] == losses[1], output[-3000:]  # both workers agree
     _, run = mlflow_run_by_name(store[1], EXPERIMENT, name)
