@@ -34,6 +34,28 @@ def _free_ports(n):
             s.close()
 
 
+def free_port_run(n):
+    """The first of n consecutive free ports (SlurmClusterResolver gives task i the port port_base + i)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 def _tail(path, lines=15):
     try:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])

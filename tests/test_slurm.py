@@ -11,6 +11,7 @@ import time
 import pytest
 
 from helpers import ROOT, mlflow_run_by_name
+from slurm_cluster import free_port_run
 
 pytestmark = pytest.mark.slow
 
@@ -23,30 +24,6 @@ TINY = [
     "train.global_batch_size=64",
     "train.log_every_n_steps=1",
 ]
-
-
-def _free_port_run(n):
-    """The first of n consecutive free ports (SlurmClusterResolver gives task i the port port_base + i)."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                socks.append(socket.socket())
-                socks[-1].bind(("", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def srun_runner(slurm, store, ntasks, name, args, timeout=240):
@@ -65,7 +42,7 @@ def srun_runner(slurm, store, ntasks, name, args, timeout=240):
         "-m",
         "runner",
         "cluster=slurm",
-        f"cluster.port_base={_free_port_run(ntasks)}",
+        f"cluster.port_base={free_port_run(ntasks)}",
         *TINY,
         *args,
         f"mlflow.experiment_name={EXPERIMENT}",
