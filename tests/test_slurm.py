@@ -96,3 +96,77 @@ def test_parameter_server_under_srun_ends_when_the_chief_is_done(slurm, store):
     assert "chief:0: ParameterServerStrategyV2" in output
     assert "loss/replica_0" in run.data.metrics
     assert not slurm.jobs()
+
+
+def _readme_sbatch_script():
+    block = re.search(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README's sbatch script (a ```sh block starting #!/bin/bash, #SBATCH) not found"
+    return block.group(1)
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def test_readme_sbatch_script_scancel_then_resume(slurm, store):
+    """README's job.sbatch on 2 tasks; `scancel` mid-training: both workers checkpoint at one step and the run ends
+    KILLED; README's resume line continues the same run from that step to FINISHED. (The one node takes both tasks:
+    `--nodes=1 --ntasks-per-node=2` on sbatch's command line override the script's #SBATCH lines.)"""
+    root, uri = store
+    script = root / "job.sbatch"
+    script.write_text(_readme_sbatch_script())
+    env = {k: v for k, v in slurm.env.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]),  # the script's `python` is this one
+    )
+    args = [
+        "executor=custom_loop",
+        "train.log_every_n_steps=32",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=sbatch",
+        f"mlflow.tracking_uri={uri}",
+    ]
+
+    def sbatch(*extra, env_extra=None, wait=False):
+        argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={root}"]
+        argv += ["--wait"] if wait else []
+        argv += [str(script), *args, f"cluster.port_base={free_port_run(2)}", *extra]
+        proc = subprocess.run(argv, cwd=root, env={**env, **(env_extra or {})}, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 or wait, proc.stderr
+        return proc.stdout.strip().split(";")[0], proc.returncode
+
+    job, _ = sbatch("train.epochs=400")
+    log = root / f"slurm-{job}.out"
+    output = lambda: log.read_text(errors="replace") if log.exists() else ""  # noqa: E731
+    _wait_for(lambda: re.search(r"epoch 3/400", output()), 180, f"epoch 3 in {log}: {output()[-3000:]}")
+    started = time.monotonic()
+    subprocess.run(["scancel", job], env=env, check=True, timeout=30)
+    _wait_for(lambda: not slurm.jobs(), 90, f"job {job} ending after scancel; {slurm.jobs()}")
+    stopped_in = time.monotonic() - started
+    text = output()
+    saves = re.findall(r"stopped by SIGTERM at step (\d+): checkpoint written at step (\d+)", text)
+    assert len(saves) == 2 and len({s for pair in saves for s in pair}) == 1, text[-4000:]
+    step = int(saves[0][0])
+    _, run = mlflow_run_by_name(uri, EXPERIMENT, "sbatch")
+    assert run.info.status == "KILLED", text[-3000:]
+    run_dir = root / "outputs" / f"slurm-{job}"
+    assert (run_dir / "mlflow_run_id").read_text().strip() == run.info.run_id
+
+    epochs = step // 64 + 1
+    resumed, code = sbatch(
+        f"train.epochs={epochs}", f"resume=outputs/slurm-{job}", env_extra={"RUN_DIR": f"outputs/slurm-{job}"}, wait=True
+    )
+    text = (root / f"slurm-{resumed}.out").read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    assert f"resumed from checkpoint at step {step} " in text, text[-3000:]
+    _, again = mlflow_run_by_name(uri, EXPERIMENT, "sbatch")
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    print(f"scancel -> job ended in {stopped_in:.1f} s at step {step}; resumed to step {epochs * 64}")
