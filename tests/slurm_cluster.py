@@ -171,6 +171,12 @@ PartitionName=runner Nodes={self.host} Default=YES MaxTime=INFINITE State=UP Ove
         proc = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=self.env, capture_output=True, text=True, timeout=10)
         return proc.stdout.split("\n") if proc.stdout.strip() else []
 
+    def job_state(self, job):
+        """(JobState, ExitCode) of a job slurmctld still remembers (MinJobAge, 300 s): no accounting needed."""
+        proc = subprocess.run(["scontrol", "show", "job", str(job)], env=self.env, capture_output=True, text=True, timeout=10)
+        fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
+        return fields.get("JobState"), fields.get("ExitCode")
+
     # -- stop ---------------------------------------------------------------------------------------------------
     def stop(self):
         """Cancel every job, then stop the daemons' process groups; kill whatever of the cluster is left."""
