@@ -135,10 +135,10 @@ def test_readme_sbatch_script_scancel_then_resume(slurm, store):
         f"mlflow.tracking_uri={uri}",
     ]
 
-    def sbatch(*extra, env_extra=None):
+    def sbatch(*extra):
         argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={root}", str(script), *args]
         argv += [f"cluster.port_base={free_port_run(2)}", *extra]
-        proc = subprocess.run(argv, cwd=root, env={**env, **(env_extra or {})}, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]
 
@@ -160,12 +160,12 @@ def test_readme_sbatch_script_scancel_then_resume(slurm, store):
     step = int(saves[0][0])
     _, run = mlflow_run_by_name(uri, EXPERIMENT, "sbatch")
     assert run.info.status == "KILLED", text[-3000:]
-    run_dir = root / "outputs" / f"slurm-{job}"
+    run_dir = root / "outputs" / f"slurm-{job}.0"  # under srun: one directory per job step, not per clock
     assert (run_dir / "mlflow_run_id").read_text().strip() == run.info.run_id
 
     epochs = step // 64 + 1
     started = time.monotonic()
-    resumed = sbatch(f"train.epochs={epochs}", f"resume=outputs/slurm-{job}", env_extra={"RUN_DIR": f"outputs/slurm-{job}"})
+    resumed = sbatch(f"train.epochs={epochs}", f"resume=outputs/slurm-{job}.0")
     _wait_for(lambda: not slurm.jobs(), 180, f"resumed job {resumed} ending; {slurm.jobs()}")
     timings["resumed job"] = time.monotonic() - started
     text = (root / f"slurm-{resumed}.out").read_text(errors="replace")
