@@ -18,6 +18,17 @@ schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda first, second: first or second, replace=True)
 
 
+def slurm_step_dir() -> str:
+    """Inside an srun step: outputs/slurm-<job id>.<step id>, one output directory for every task of the step (each
+    task reads its own clock, so clock-named directories can differ by a second between tasks). Elsewhere ''
+    (a batch script's own step has no SLURM_STEP_ID)."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    return f"outputs/slurm-{job}.{step}" if job and step else ""
+
+
+OmegaConf.register_new_resolver("runner.slurm_step_dir", slurm_step_dir, replace=True)
+
+
 CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
 
 

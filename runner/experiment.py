@@ -49,20 +49,6 @@ def _import_tensorflow(devices_cfg):
         return tf, build_devices(devices_cfg)
 
 
-def serve(tf, cluster) -> dict:
-    """A ps or parameter-server worker task: run a tf.distribute.Server until stopped."""
-    server = tf.distribute.Server(
-        cluster.resolver.cluster_spec(),
-        job_name=cluster.task_type,
-        task_index=cluster.task_id,
-        protocol=cluster.resolver.rpc_layer or "grpc",
-        start=True,
-    )
-    log.info("%s serving at %s", cluster.task, server.target.decode() if isinstance(server.target, bytes) else server.target)
-    server.join()
-    return {}
-
-
 def strategy_devices(strategy, devices):
     """Where this worker's replicas run (the default strategy has no device list: it is the first device)."""
     try:
@@ -79,7 +65,9 @@ def run_experiment(cfg: DictConfig) -> dict:
     cluster = build_cluster(cfg.cluster)
     role = layout.task_role(cfg.strategy.name, cluster.task_type)
     if role == layout.SERVER:
-        return serve(tf, cluster)
+        from runner.serving import serve
+
+        return serve(tf, cluster, cfg.cluster)
     if role == layout.EVALUATOR:
         from runner.evaluator import evaluate_checkpoints
 

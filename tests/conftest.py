@@ -76,3 +76,22 @@ def tfds_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("tensorflow_datasets")
     build_tfds(root, "mnist", "3.0.1", side=28, classes=10, train=128, test=32)
     return root
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real one-machine Slurm cluster (tests/slurm_cluster.py), stopped at the end of the module with every job it
+    ran; the module's tests skip with the reason (and the daemons' log tails) where it cannot start."""
+    from slurm_cluster import SlurmCluster, SlurmUnavailable
+
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmUnavailable as why:
+        pytest.skip(f"no Slurm cluster here: {why}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        left = cluster.leftovers()
+        assert not left, f"processes of the Slurm cluster left behind: {left}"

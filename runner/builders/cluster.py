@@ -133,7 +133,15 @@ def _slurm(cfg) -> Cluster:
         # TF 2.21's resolver assigns tasks by stepping through GPU ids: with 0 GPUs it gets range(..., step 0)
         # and fails. Give it ids it can step through, and set no CUDA_VISIBLE_DEVICES from them.
         gpu_args = {"gpus_per_node": 1024, "gpus_per_task": 1, "auto_set_gpu": False}
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(jobs=jobs, port_base=cfg.port_base, **gpu_args)
+    resolver_class = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if not gpus:
+
+        class CPUSlurmClusterResolver(resolver_class):
+            def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+                return {}  # not the 1 GPU per task stepped through above: MWMS would place its replica on GPU:0
+
+        resolver_class = CPUSlurmClusterResolver
+    resolver = resolver_class(jobs=jobs, port_base=cfg.port_base, **gpu_args)
     resolver.cluster_spec()  # assigns task_type and task_id
     return Cluster("slurm", resolver, resolver.task_type, int(resolver.task_id))
 

@@ -1,0 +1,69 @@
+"""A server task (ps, and worker under parameter_server): a tf.distribute.Server, which never ends by itself.
+
+Under cluster=localhost the launcher stops the servers when the chief is done. Under cluster=slurm nobody does: `srun`
+waits for every task, so the job would never end. There, each server watches the chief (the coordinator listens on its
+address from the cluster spec): once the chief has been up and its port has closed, the server exits 0, and the Slurm
+step ends with the chief's exit status. A chief that never comes up ends the server after
+`cluster.start_timeout_sec` (exit 3).
+"""
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+log = logging.getLogger("runner")
+
+POLL_SEC = 1.0
+GONE_AFTER = 3  # failed connects in a row before the chief counts as gone
+
+
+def serve(tf, cluster, cluster_cfg) -> dict:
+    server = tf.distribute.Server(
+        cluster.resolver.cluster_spec(),
+        job_name=cluster.task_type,
+        task_index=cluster.task_id,
+        protocol=cluster.resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    log.info("%s serving at %s", cluster.task, server.target.decode() if isinstance(server.target, bytes) else server.target)
+    chief = (cluster.jobs.get("chief") or [None])[0]
+    if cluster_cfg.name == "slurm" and chief:
+        watcher = threading.Thread(target=_exit_when_gone, args=(chief, cluster.task, cluster_cfg.start_timeout_sec), daemon=True)
+        watcher.start()
+    server.join()  # in C++ for good: the watcher ends the process
+    return {}
+
+
+def _up(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _exit_when_gone(chief: str, task: str, start_timeout: float) -> None:
+    deadline = time.monotonic() + start_timeout
+    while not _up(chief):
+        if time.monotonic() > deadline:
+            _exit(3, f"{task}: the chief at {chief} did not come up within cluster.start_timeout_sec={start_timeout:g}")
+        time.sleep(POLL_SEC)
+    log.info("%s: the chief at %s is up; serving until it ends", task, chief)
+    misses = 0
+    while misses < GONE_AFTER:
+        time.sleep(POLL_SEC)
+        misses = 0 if _up(chief) else misses + 1
+    _exit(0, f"{task}: the chief at {chief} has ended; stopping this server")
+
+
+def _exit(code: int, message: str) -> None:
+    (log.info if code == 0 else log.error)(message)
+    for handler in logging.getLogger().handlers + log.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # server.join() holds the main thread in C++: nothing else ends it
