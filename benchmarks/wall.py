@@ -160,6 +160,7 @@ def main(argv=None):
     p.add_argument("--end-steps", default=None, help="run lengths for the cost after the last step ('': none); "
                    "default 1000,10000,100000; none with --compute-bound")  # fmt: skip
     p.add_argument("--global-batch", type=int, default=None, help="default 256; 64 with --compute-bound")
+    p.add_argument("--rows", default=None, help="only these rows, by index (0,1: the default strategy's two executors)")
     p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, or "
                    "docs/benchmarks-wall-compute.md with --compute-bound; none with --quick)")  # fmt: skip
     args = p.parse_args(argv)
@@ -173,6 +174,8 @@ def main(argv=None):
             setattr(args, name, value)
     if args.quick:
         rows, args.rounds = rows[1:2], 1
+    if args.rows is not None:
+        rows = [rows[int(i)] for i in args.rows.split(",")]
     workdir = tempfile.mkdtemp(prefix="runner-wall-")
     data, script_extra = compute_bound_sides(write_images(workdir)) if args.compute_bound else (MLP_DATA, ())
     w = Wall(workdir, args.global_batch, args.runner_args.split(), data, script_extra)
