@@ -8,6 +8,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import contract, layout, schema
+from runner.builders import strategy_auto
 from runner.errors import RunnerError
 from runner.probes import writable_dir_problem
 from runner.stopping import Stopped
@@ -58,6 +59,7 @@ def output_dir_problem(argv) -> str:
 def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics), also written to summary.json."""
     validate(cfg)
+    strategy_auto.announce()
     if cfg.cluster.name == "localhost":
         from runner.launcher import launch  # starts tf_config tasks; no TensorFlow in this process
 

@@ -12,7 +12,10 @@ import warnings
 
 log = logging.getLogger("runner")
 MODEL_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlflow_model.py")  # copied into the model
-MODEL_NAME = "model"  # the logged model's name in the run (the Logged models tab); model.keras stays at model/ too
+# The logged model's name in the run (the Logged models tab). Not "model": the run's model.keras is at the artifact
+# path model/, and MLflow lists a logged model's files under its name too (and looks that model up in the default
+# store, not the run's: MlflowClient(uri).list_artifacts(run, "model") failed with "Logged model ... not found").
+MODEL_NAME = "pyfunc_model"
 STOP_WAIT_SEC = 5.0  # a monitor stuck on an unreachable server is left behind after this
 
 

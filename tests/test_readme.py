@@ -274,16 +274,18 @@ def run_user_config(scratch, tokens):
 
 
 def run_cluster(scratch, tokens):
+    """The run as it ended, read at once: README's resume command continues the same run (and marks it RUNNING
+    again) as soon as this one is done, possibly before check_cluster reads it."""
     args = _runner_args(tokens)
     run_dir = scratch.dir(key(args))
     proc = scratch.run([*_python(tokens), *TINY, f"hydra.run.dir={run_dir}"], timeout=300)
-    return proc, run_dir
+    ended = _run_of(scratch, run_dir) if (Path(run_dir) / "mlflow_run_id").exists() else None
+    return proc, run_dir, ended
 
 
 def check_cluster(scratch, args, result):
-    proc, run_dir = result
+    proc, run_dir, run = result
     _ok(proc)
-    run = _run_of(scratch, run_dir)
     assert run.info.status == "FINISHED"
     tasks = run.data.tags["cluster.tasks"].split(",")
     opts = dict(a.split("=", 1) for a in _overrides(args))
@@ -308,8 +310,7 @@ def run_resume(scratch, tokens, results):
     args = _runner_args(tokens)
     strategy = next(a for a in args if a.startswith("strategy="))
     earlier = next(k for k, (kind, _) in KINDS.items() if kind == "cluster" and strategy in k.split())
-    _, run_dir = results(earlier)
-    before = _run_of(scratch, run_dir)
+    _, run_dir, before = results(earlier)
     argv = [re.sub(r"^resume=.*", f"resume={run_dir}", t) for t in _python(tokens)]
     proc = scratch.run([*argv, "train.epochs=2", "train.steps_per_epoch=2"], timeout=300)
     return proc, run_dir, before

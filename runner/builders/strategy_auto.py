@@ -12,8 +12,9 @@ Rules, first match wins:
 
 `validate` replaces the `auto` node by the chosen strategy's (with that strategy's defaults), so everything after
 it, cluster tasks included, sees a concrete strategy; `--cfg job` shows `auto` because it stops before. The choice
-and its reason are logged in one line and tagged on the MLflow run (`strategy.auto`). At start, TensorFlow's own
-count of GPUs is compared with the one the choice was made from, and a difference is logged.
+and its reason are logged in one line (once the config passed its checks) and tagged on the MLflow run
+(`strategy.auto`). At start, TensorFlow's own count of GPUs is compared with the one the choice was made from, and a
+difference is logged.
 """
 
 import json
@@ -114,8 +115,14 @@ def resolve(cfg, environ=os.environ) -> Choice | None:
         return None
     CHOSEN = choose(cfg, environ)
     cfg.strategy = OmegaConf.structured(registry.get("strategy", CHOSEN.name).node())
-    log.info(CHOSEN.line)
     return CHOSEN
+
+
+def announce() -> None:
+    """The choice's log line, once the config has passed every check (a refused config logs nothing: a mistyped
+    resume= must leave the directory's runner.log empty, so that it can be removed again)."""
+    if CHOSEN:
+        log.info(CHOSEN.line)
 
 
 def tags() -> dict[str, str]:
