@@ -21,6 +21,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner")
 
 
+def finish(ds, prefetch: bool, auto_shard: str):
+    """The end of every source's pipeline: prefetch, and tf.distribute's auto-shard rewrite as AutoShardPolicy
+    `auto_shard` (DATA, FILE, or OFF where the pipeline shards itself)."""
+    import tensorflow as tf
+
+    if prefetch:
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, auto_shard)
+    return ds.with_options(options)
+
+
+def worker_shard(workers: int):
+    """(num_shards, index) of this parameter-server worker, from inside its dataset_fn: TensorFlow gives each worker
+    the whole dataset otherwise (one input pipeline each)."""
+    import tensorflow as tf
+
+    return workers, tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+
+
 @dataclass
 class Data:
     arrays: "ArrayData"
@@ -46,12 +66,8 @@ class Data:
             ds = ds.repeat().batch(batch_size, drop_remainder=True)
         else:
             ds = ds.batch(batch_size)
-        if self.prefetch:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        options = tf.data.Options()
         # Workers shard by element, not by file: the data are in memory.
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-        return ds.with_options(options)
+        return finish(ds, self.prefetch, "DATA")
 
     def train_dataset(self):
         """Global batches, repeated: for Model.fit with steps_per_epoch."""

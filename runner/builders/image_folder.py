@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from runner.builders.data import Data, epoch_steps
+from runner.builders.data import Data, epoch_steps, finish, worker_shard
 
 log = logging.getLogger("runner")
 
@@ -81,12 +81,7 @@ class ImageFolderData(Data):
             ds = ds.repeat().batch(batch_size, drop_remainder=True)
         else:
             ds = ds.batch(batch_size)
-        if self.prefetch:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        options = tf.data.Options()
-        policy = tf.data.experimental.AutoShardPolicy
-        options.experimental_distribute.auto_shard_policy = policy.OFF if shard is not None else policy.DATA
-        return ds.with_options(options)
+        return finish(ds, self.prefetch, "OFF" if shard is not None else "DATA")
 
     def train_dataset(self):
         return self._pipeline(self.source.train, self.global_batch_size, train=True)
@@ -95,11 +90,9 @@ class ImageFolderData(Data):
         return self._pipeline(self.source.eval, self.global_batch_size, train=False)
 
     def dataset_fn(self, input_context):
-        import tensorflow as tf
-
         batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-        if self.parameter_server:  # every worker would otherwise read everything (one input pipeline each)
-            shard = (self.workers, tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64))
+        if self.parameter_server:
+            shard = worker_shard(self.workers)
         else:
             shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)
         return self._pipeline(self.source.train, batch, train=True, shard=shard)

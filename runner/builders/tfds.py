@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from runner.builders.data import Data, epoch_steps
+from runner.builders.data import Data, epoch_steps, finish, worker_shard
 
 log = logging.getLogger("runner")
 
@@ -76,12 +76,7 @@ class TFDSData(Data):
             ds = ds.repeat()
         ds = ds.map(self._example(builder), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         ds = ds.batch(batch_size, drop_remainder=train)
-        if self.prefetch:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        options = tf.data.Options()
-        policy = tf.data.experimental.AutoShardPolicy
-        options.experimental_distribute.auto_shard_policy = policy.DATA if shard is None and context is None else policy.OFF
-        return ds.with_options(options)
+        return finish(ds, self.prefetch, "DATA" if shard is None and context is None else "OFF")
 
     def train_dataset(self):
         return self._pipeline(self.source.split_train, self.global_batch_size, train=True)
@@ -90,13 +85,11 @@ class TFDSData(Data):
         return self._pipeline(self.source.split_eval, self.global_batch_size, train=False)
 
     def dataset_fn(self, input_context):
-        import tensorflow as tf
 
         batch = input_context.get_per_replica_batch_size(self.global_batch_size)
         split = self.source.split_train
-        if self.parameter_server:  # every worker would otherwise read everything (one input pipeline each)
-            shard = (self.workers, tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64))
-            return self._pipeline(split, batch, train=True, shard=shard)
+        if self.parameter_server:
+            return self._pipeline(split, batch, train=True, shard=worker_shard(self.workers))
         if len(self._builder().info.splits[split].file_instructions) >= input_context.num_input_pipelines:
             return self._pipeline(split, batch, train=True, context=input_context)  # by file
         shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)

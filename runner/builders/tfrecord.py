@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from runner.builders.data import Data
+from runner.builders.data import Data, finish, worker_shard
 from runner.errors import ConfigError
 from runner.tfrecord_source import ID_FEATURE, remote
 
@@ -121,12 +121,7 @@ class TFRecordData(Data):
             ds = ds.batch(batch_size)
         worker = shard[1] if shard is not None and self.parameter_server else self.worker
         ds = ds.map(self._parse(with_ids, worker), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if self.prefetch:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        options = tf.data.Options()
-        rewrite = "OFF" if shard is not None else POLICIES[policy]
-        options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, rewrite)
-        return ds.with_options(options)
+        return finish(ds, self.prefetch, "OFF" if shard is not None else POLICIES[policy])
 
     def train_dataset(self):
         return self._pipeline(self.source.train_files, self.global_batch_size, train=True)
@@ -135,11 +130,9 @@ class TFRecordData(Data):
         return self._pipeline(self.source.eval_files, self.global_batch_size, train=False)
 
     def dataset_fn(self, input_context):
-        import tensorflow as tf
-
         batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-        if self.parameter_server:  # every worker would otherwise read everything (one input pipeline each)
-            shard = (self.workers, tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64))
+        if self.parameter_server:
+            shard = worker_shard(self.workers)
         else:
             shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)
         return self._pipeline(self.source.train_files, batch, train=True, shard=shard)
