@@ -124,7 +124,7 @@ class Calls:
                 outbox.deliver(client, cfg.output_dir)
             run = client.get_run(attached or resumed)
             if resumed:
-                store.take_over(client, run, cfg.train.epochs, cfg.output_dir, self.owner_pid)
+                store.take_over(client, run, cfg.train.epochs, cfg.output_dir, self.owner_pid, explicit=bool(cfg.get("resume")))
                 client.update_run(resumed, status="RUNNING")
                 client.set_tag(resumed, "resumed_with", redact(" ".join(overrides)))
             # An earlier attempt killed without a word left its journal: send what the store never got, and do not

@@ -158,24 +158,27 @@ def live_owner(run, me: int | None = None) -> str | None:
 EPOCHS_TAG = "runner.train.epochs"  # the epochs the run was last asked to train (params cannot change on resume)
 
 
-def take_over(client, run, epochs: int, output_dir: str, me: int | None = None) -> None:
+def take_over(client, run, epochs: int, output_dir: str, me: int | None = None, explicit: bool = True) -> None:
     """Before resume= continues `run`: refuse a run that is finished or whose process still runs; a RUNNING run
-    whose process died is marked FAILED first (that attempt ended without a word)."""
+    whose process died is marked FAILED first (that attempt ended without a word). `explicit`: resume= was given;
+    else the run directory already held a run (a fixed hydra.run.dir, a restarted pod, a requeued Slurm job)."""
     info, name = run.info, f"{run.info.run_name} ({run.info.run_id})"
+    where = f"resume={output_dir}:" if explicit else f"hydra.run.dir={output_dir} holds an earlier run, which is continued:"
+    new_run = "for a new run, leave resume= out" if explicit else "for a new run, pass another hydra.run.dir"
     if info.status == "FINISHED":
         trained = [run.data.tags.get(EPOCHS_TAG), run.data.params.get("train.epochs")]
         done = max([int(v) for v in trained if v and v.isdigit()], default=None)
         if done is None or epochs <= done:
             raise ConfigError(
-                f"resume={output_dir}: its MLflow run {name} is FINISHED: it trained all its train.epochs="
+                f"{where} its MLflow run {name} is FINISHED: it trained all its train.epochs="
                 f"{done if done is not None else '?'}, so there is nothing to continue. To train longer, pass a larger "
-                "train.epochs with resume=; for a new run, leave resume= out."
+                f"train.epochs; {new_run}."
             )
     pid = live_owner(run, me) if info.status == "RUNNING" else None
     if pid:
         raise ConfigError(
-            f"resume={output_dir}: its MLflow run {name} is still RUNNING in process {pid} on this host. Stop that "
-            f"process first (kill {pid}: it checkpoints and ends the run KILLED), then resume."
+            f"{where} its MLflow run {name} is still RUNNING in process {pid} on this host. Stop that process first "
+            f"(kill {pid}: it checkpoints and ends the run KILLED), then resume; {new_run}."
         )
     if info.status == "RUNNING" and owner_dead(run):
         client.set_tag(info.run_id, "error", DIED.format(who=f"resume={output_dir}"))

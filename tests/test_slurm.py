@@ -48,7 +48,7 @@ def srun_runner(slurm, store, ntasks, name, args, timeout=240):
         f"mlflow.experiment_name={EXPERIMENT}",
         f"mlflow.run_name={name}",
         f"mlflow.tracking_uri={uri}",
-        f"hydra.run.dir={root}/runs/{name}",
+        f"hydra.run.dir={root}/runs/slurm-{name}",  # the session store is shared: test_cluster has its own mwms-fit
     ]
     started = time.monotonic()
     try:

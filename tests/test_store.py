@@ -228,6 +228,18 @@ def test_a_finished_run_continues_only_with_more_epochs(mlflow):
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
+def test_a_run_directory_reused_without_resume_is_named_as_such(mlflow):
+    """A fixed hydra.run.dir run again (a restarted pod, or a user) continues the run it holds: the refusal names
+    hydra.run.dir, not a resume= the user never typed, and says how to start a new run."""
+    client, experiment = mlflow
+    run = owned_run(client, experiment, procs.identity(), status="FINISHED")
+    client.log_param(run.info.run_id, "train.epochs", "2")
+    with pytest.raises(ConfigError) as err:
+        store.take_over(client, client.get_run(run.info.run_id), epochs=2, output_dir="/runs/a", explicit=False)
+    assert str(err.value).startswith("hydra.run.dir=/runs/a holds an earlier run, which is continued:")
+    assert "resume=" not in str(err.value) and "pass another hydra.run.dir" in str(err.value)
+
+
 def test_a_finished_run_without_a_recorded_epoch_count_is_not_continued(mlflow):
     client, experiment = mlflow
     run = owned_run(client, experiment, None, status="FINISHED")
