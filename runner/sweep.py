@@ -58,7 +58,12 @@ def run_sweep_job(cfg: DictConfig) -> float:
     total = os.environ.get(contract.SWEEP_SIZE) or "?"  # set by SweepCallback in the sweep's process
     overrides = list(hc.overrides.task)
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
-    log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(overrides) or "(defaults)")
+    # Under Hydra's submitit launcher every Slurm task of a job runs this function: task 0 speaks for the job.
+    secondary = cfg.cluster.name == "slurm" and os.environ.get("SLURM_PROCID", "0") != "0"
+    if cfg.cluster.name == "slurm":
+        overrides = [*overrides, f"cluster.port_base={slurm_port_base(cfg.cluster.port_base, num)}"]
+    if not secondary:
+        log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(hc.overrides.task) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
     env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN, when there is one
     # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
@@ -72,6 +77,8 @@ def run_sweep_job(cfg: DictConfig) -> float:
         sys.stdout.flush()
         tail = (tail + [line])[-30:]
     code = proc.wait()
+    if secondary:
+        return math.nan  # Hydra's submitit launcher returns task 0's value
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
     if code:
         status["error"] = "".join(tail)
@@ -83,6 +90,21 @@ def run_sweep_job(cfg: DictConfig) -> float:
         json.dump(status, f)
     worst = -math.inf if hc.sweeper.get("direction") == "maximize" else math.inf
     return worst if objective is None else objective
+
+
+def slurm_port_base(port_base: int, num: int) -> int:
+    """Job `num`'s first port: the jobs of a sweep run at once as a Slurm array and may share a node, where the
+    same ports would join one job's tasks to another's cluster. Each job gets its own run of SLURM_NTASKS ports."""
+    stride = int(os.environ.get("SLURM_NTASKS") or 1)
+    port = port_base + num * stride
+    if port + stride > 65535:
+        from runner.errors import ConfigError
+
+        raise ConfigError(
+            f"cluster.port_base={port_base}: job #{num} of the sweep would need ports {port}-{port + stride - 1}, "
+            "past 65535 (each job of a Slurm sweep takes its own SLURM_NTASKS ports). Pass a lower cluster.port_base."
+        )
+    return port
 
 
 def _objective(metric: str, job_dir: str, label: str) -> float | None:
@@ -139,6 +161,21 @@ def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None
     client.set_terminated(run.info.run_id, "FAILED")
 
 
+class _SacctQuiet(logging.Filter):
+    """submitit follows Slurm jobs with `sacct`; where Slurm keeps no accounting (no slurmdbd) every poll logs a
+    warning, twice. submitit still sees each job end by its result file: say so once instead."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Bypassing sacct error" not in record.getMessage():
+            return True
+        if not self.said:
+            self.said = True
+            log.info("Slurm has no accounting here (sacct fails): submitit follows the jobs by their result files")
+        return False
+
+
 class SweepCallback(Callback):
     """Opens the parent run before the jobs, and closes it with the report after them."""
 
@@ -150,6 +187,7 @@ class SweepCallback(Callback):
 
         hc = config.hydra
         sweep_dir = hc.sweep.dir
+        logging.getLogger("submitit").addFilter(_SacctQuiet())
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later

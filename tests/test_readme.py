@@ -117,10 +117,7 @@ def kind_of(tokens):
         return "unknown", None
     if "-m" in args:
         if any(a.startswith("hydra/launcher=submitit_slurm") for a in args):
-            return "slurm", (
-                "submits through Hydra's submitit launcher, which is not installed ([slurm] extra) nor tried yet on "
-                "the tests' real Slurm cluster (tests/slurm_cluster.py; issue 18)"
-            )
+            return "submitit", None  # on the tests' real one-machine Slurm cluster (the `slurm` fixture)
         return "sweep", None
     if "--help" in args:
         return "help", None
@@ -391,10 +388,14 @@ def check_sweep(scratch, args, result):
         assert [c.data.tags["num_replicas_in_sync"] for c in by_job] == ["1", "2"]  # one_device, mirrored over 2
     if search:
         check_search(sweep_dir, parent, children)
-    else:
+    elif any(c.data.tags.get("num_replicas_in_sync") == "1" for c in children):  # a baseline to scale against
         assert (sweep_dir / "scaling_efficiency.png").exists(), "scaling_efficiency.png missing"
     assert not (scratch.root / "multirun").exists(), "a job started a sweep of its own"
-    assert f"job #{len(children) - 1} ({len(children)} of {len(children)})" in proc.stdout
+    said = proc.stdout
+    if any(a.startswith("hydra/launcher=submitit") for a in args):  # the jobs' own lines are in submitit's logs
+        said = "".join(p.read_text() for p in sorted(sweep_dir.glob(".submitit/*/*_0_log.out")))
+        assert not any("job #" in p.read_text() for p in sweep_dir.glob(".submitit/*/*_1_log.out"))  # task 0 speaks
+    assert f"job #{len(children) - 1} ({len(children)} of {len(children)})" in said
 
 
 def run_cfg(scratch, tokens):
@@ -634,6 +635,45 @@ def run_srun(scratch, tokens, slurm):
     return proc, run_dir
 
 
+def run_submitit(scratch, tokens, slurm):
+    """README's submitit sweep on the one-machine Slurm cluster: its one node takes each job's two tasks
+    (`nodes=2 tasks_per_node=1` -> `nodes=1 tasks_per_node=2`); ports from a free run, four: the two jobs run at once
+    as a Slurm array, each on its own two ports (runner/sweep.py)."""
+    from slurm_cluster import free_port_run
+
+    swap = {
+        "hydra.launcher.nodes=2": "hydra.launcher.nodes=1",
+        "hydra.launcher.tasks_per_node=1": "hydra.launcher.tasks_per_node=2",
+    }
+    argv = [swap.get(t, t) for t in _python(tokens)]
+    sweep_dir = scratch.dir("submitit")
+    env = {k: v for k, v in slurm.env.items() if k not in ("MLFLOW_TRACKING_URI", "TF_CONFIG")}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        MLFLOW_TRACKING_URI=scratch.uri,  # the jobs run in Slurm's environment, which is this one
+    )
+    extra = [*TINY, f"cluster.port_base={free_port_run(4)}", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run([*argv, *extra], cwd=scratch.root, env=env, capture_output=True, text=True, timeout=600)
+    return proc, sweep_dir
+
+
+def check_submitit(scratch, args, result):
+    """A sweep like any other (one parent run, a FINISHED child run per job, the report), each job a
+    MultiWorkerMirroredStrategy of the two Slurm tasks submitit started; submitit's sacct noise said once."""
+    proc, sweep_dir = result
+    check_sweep(scratch, args, result)
+    client = scratch.client
+    (parent,) = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], filter_string=f"tags.`sweep.dir` = '{sweep_dir}'"
+    )
+    children = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {c.data.tags["cluster.name"] for c in children} == {"slurm"}
+    assert {c.data.tags["num_replicas_in_sync"] for c in children} == {"2"}
+    assert sorted(c.data.tags["executor"] for c in children) == ["custom_loop", "fit"]
+    assert "Bypassing sacct error" not in proc.stdout + proc.stderr
+
+
 def check_srun(scratch, args, result):
     """Both Slurm tasks joined one MultiWorkerMirroredStrategy: one FINISHED run with 2 replicas' losses."""
     proc, run_dir = result
@@ -667,6 +707,7 @@ CHECKS = {
     "image-folder": check_training,
     "serve": check_serve,
     "srun": check_srun,
+    "submitit": check_submitit,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}
@@ -706,6 +747,10 @@ def test_readme_command(command, request):
     if kind == "srun":  # its own cluster, started here: where it cannot start only this command is skipped
         scratch, slurm = request.getfixturevalue("scratch"), request.getfixturevalue("slurm")
         CHECKS[kind](scratch, _runner_args(TOKENS[command]), run_srun(scratch, TOKENS[command], slurm))
+        return
+    if kind == "submitit":
+        scratch, slurm = request.getfixturevalue("scratch"), request.getfixturevalue("slurm")
+        CHECKS[kind](scratch, _runner_args(TOKENS[command]), run_submitit(scratch, TOKENS[command], slurm))
         return
     scratch, result = request.getfixturevalue("results")
     tokens = TOKENS[command]
