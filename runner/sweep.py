@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner import contract
+from runner import contract, slurm_sweep
 
 log = logging.getLogger("runner")
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
@@ -61,7 +61,7 @@ def run_sweep_job(cfg: DictConfig) -> float:
     # Under Hydra's submitit launcher every Slurm task of a job runs this function: task 0 speaks for the job.
     secondary = cfg.cluster.name == "slurm" and os.environ.get("SLURM_PROCID", "0") != "0"
     if cfg.cluster.name == "slurm":
-        overrides = [*overrides, f"cluster.port_base={slurm_port_base(cfg.cluster.port_base, num)}"]
+        overrides = [*overrides, f"cluster.port_base={slurm_sweep.port_base(cfg.cluster.port_base, num)}"]
     if not secondary:
         log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(hc.overrides.task) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
@@ -90,21 +90,6 @@ def run_sweep_job(cfg: DictConfig) -> float:
         json.dump(status, f)
     worst = -math.inf if hc.sweeper.get("direction") == "maximize" else math.inf
     return worst if objective is None else objective
-
-
-def slurm_port_base(port_base: int, num: int) -> int:
-    """Job `num`'s first port: the jobs of a sweep run at once as a Slurm array and may share a node, where the
-    same ports would join one job's tasks to another's cluster. Each job gets its own run of SLURM_NTASKS ports."""
-    stride = int(os.environ.get("SLURM_NTASKS") or 1)
-    port = port_base + num * stride
-    if port + stride > 65535:
-        from runner.errors import ConfigError
-
-        raise ConfigError(
-            f"cluster.port_base={port_base}: job #{num} of the sweep would need ports {port}-{port + stride - 1}, "
-            "past 65535 (each job of a Slurm sweep takes its own SLURM_NTASKS ports). Pass a lower cluster.port_base."
-        )
-    return port
 
 
 def _objective(metric: str, job_dir: str, label: str) -> float | None:
@@ -161,21 +146,6 @@ def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None
     client.set_terminated(run.info.run_id, "FAILED")
 
 
-class _SacctQuiet(logging.Filter):
-    """submitit follows Slurm jobs with `sacct`; where Slurm keeps no accounting (no slurmdbd) every poll logs a
-    warning, twice. submitit still sees each job end by its result file: say so once instead."""
-
-    said = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "Bypassing sacct error" not in record.getMessage():
-            return True
-        if not self.said:
-            self.said = True
-            log.info("Slurm has no accounting here (sacct fails): submitit follows the jobs by their result files")
-        return False
-
-
 class SweepCallback(Callback):
     """Opens the parent run before the jobs, and closes it with the report after them."""
 
@@ -187,7 +157,7 @@ class SweepCallback(Callback):
 
         hc = config.hydra
         sweep_dir = hc.sweep.dir
-        logging.getLogger("submitit").addFilter(_SacctQuiet())
+        logging.getLogger("submitit").addFilter(slurm_sweep.SacctQuiet())
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later

@@ -229,9 +229,9 @@ def test_each_job_of_a_slurm_sweep_gets_its_own_ports(monkeypatch):
     """The jobs of a submitit sweep run at once and may share a node: job n starts SLURM_NTASKS ports after job
     n-1; a base that would run past 65535 is refused with the key to change."""
     from runner.errors import ConfigError
-    from runner.sweep import slurm_port_base
+    from runner.slurm_sweep import port_base
 
     monkeypatch.setenv("SLURM_NTASKS", "3")
-    assert [slurm_port_base(8888, n) for n in range(3)] == [8888, 8891, 8894]
+    assert [port_base(8888, n) for n in range(3)] == [8888, 8891, 8894]
     with pytest.raises(ConfigError, match=r"cluster.port_base=65530: job #2 .* past 65535"):
-        slurm_port_base(65530, 2)
+        port_base(65530, 2)
