@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from runner import preflight, schema, validate
 from runner.errors import ConfigError
-from runner.tfds_source import check, split_size
+from runner.tfds_source import check
+from runner.tfds_splits import split_size
 
 from helpers import mlflow_run_by_name, write_image_folder
 
