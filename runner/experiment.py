@@ -12,7 +12,7 @@ import platform
 
 from omegaconf import DictConfig
 
-from runner import datasets, layout, phases, stopping
+from runner import datasets, layout, peers, phases, stopping
 from runner.data_description import describe as describe_data
 from runner.env import native_stderr_captured
 from runner.logged_model import log_mlflow_model
@@ -49,6 +49,10 @@ def _import_tensorflow(devices_cfg):
         return tf, build_devices(devices_cfg)
 
 
+def _checkpoints_of(cfg):
+    return layout.checkpoint_dir(cfg) if cfg.checkpoint.enabled and cfg.output_dir else None
+
+
 def strategy_devices(strategy, devices):
     """Where this worker's replicas run (the default strategy has no device list: it is the first device)."""
     try:
@@ -79,7 +83,13 @@ def run_experiment(cfg: DictConfig) -> dict:
     run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
     with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
         phases.mark("mlflow start")
-        summary = _train(cfg, tf, devices, cluster, run, sentinel)
+        try:
+            summary = _train(cfg, tf, devices, cluster, run, sentinel)
+        except Exception as err:  # a peer lost mid-training: exit 3 naming it, not TensorFlow's trace (runner/peers.py)
+            lost = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
+            if lost is None:
+                raise
+            raise lost from err
         # The process's clock so far, phase by phase (the last phase, ending the run, is only in the log line).
         run.log_metrics(
             {f"time/phase/{name.replace(' ', '_')}_sec": sec for name, sec in phases.durations().items()}, summary["steps"]

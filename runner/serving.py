@@ -1,10 +1,14 @@
 """A server task (ps, and worker under parameter_server): a tf.distribute.Server, which never ends by itself.
 
 Under cluster=localhost the launcher stops the servers when the chief is done. Under cluster=slurm nobody does: `srun`
-waits for every task, so the job would never end. There, each server watches the chief (the coordinator listens on its
-address from the cluster spec): once the chief has been up and its port has closed, the server exits 0, and the Slurm
-step ends with the chief's exit status. A chief that never comes up ends the server after
-`cluster.start_timeout_sec` (exit 3).
+waits for every task, so the job would never end; under cluster=tf_config (Kubernetes pods, or hosts started by hand)
+the same holds where the job ends when its processes do, so there it is asked for with `cluster.exit_with_chief=true`.
+Then each server watches the chief (the coordinator listens on its address from the cluster spec): once the chief has
+been up and its port refuses connections (its host answers, its process is gone), the server exits 0, and the job
+ends with the chief's exit status. A chief that cannot be reached at all (no answer: a link down, a host gone) is not
+taken for finished: the server keeps serving, since the coordinator reschedules its steps when it is back, and only
+exits (3) once the chief has been unreachable for `cluster.start_timeout_sec`. A chief that never comes up ends the
+server after `cluster.start_timeout_sec` (exit 3).
 """
 
 import logging
@@ -30,20 +34,30 @@ def serve(tf, cluster, cluster_cfg) -> dict:
     )
     log.info("%s serving at %s", cluster.task, server.target.decode() if isinstance(server.target, bytes) else server.target)
     chief = (cluster.jobs.get("chief") or [None])[0]
-    if cluster_cfg.name == "slurm" and chief:
+    if chief and (cluster_cfg.name == "slurm" or cluster_cfg.get("exit_with_chief")):
         watcher = threading.Thread(target=_exit_when_gone, args=(chief, cluster.task, cluster_cfg.start_timeout_sec), daemon=True)
         watcher.start()
     server.join()  # in C++ for good: the watcher ends the process
     return {}
 
 
-def _up(address: str) -> bool:
+UP, CLOSED, UNREACHABLE = "up", "closed", "unreachable"
+
+
+def _probe(address: str) -> str:
+    """UP: it accepts a connection; CLOSED: its host refuses it (nothing listens there); UNREACHABLE: no answer."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=2):
-            return True
-    except OSError:
-        return False
+            return UP
+    except ConnectionRefusedError:
+        return CLOSED
+    except OSError:  # a timeout, no route to the host, the network unreachable
+        return UNREACHABLE
+
+
+def _up(address: str) -> bool:
+    return _probe(address) == UP
 
 
 def _exit_when_gone(chief: str, task: str, start_timeout: float) -> None:
@@ -53,10 +67,25 @@ def _exit_when_gone(chief: str, task: str, start_timeout: float) -> None:
             _exit(3, f"{task}: the chief at {chief} did not come up within cluster.start_timeout_sec={start_timeout:g}")
         time.sleep(POLL_SEC)
     log.info("%s: the chief at %s is up; serving until it ends", task, chief)
-    misses = 0
-    while misses < GONE_AFTER:
+    closed, unreachable_since = 0, None
+    while closed < GONE_AFTER:
         time.sleep(POLL_SEC)
-        misses = 0 if _up(chief) else misses + 1
+        state = _probe(chief)
+        closed = closed + 1 if state == CLOSED else 0
+        if state != UNREACHABLE:
+            if unreachable_since is not None:
+                log.info("%s: the chief at %s answers again", task, chief)
+            unreachable_since = None
+            continue
+        if unreachable_since is None:
+            unreachable_since = time.monotonic()
+            log.warning("%s: the chief at %s does not answer (a network fault?); still serving", task, chief)
+        elif time.monotonic() - unreachable_since > start_timeout:
+            _exit(
+                3,
+                f"{task}: the chief at {chief} has not answered for {start_timeout:g} s (cluster.start_timeout_sec): "
+                "its host or the network between them is down; stopping this server",
+            )
     _exit(0, f"{task}: the chief at {chief} has ended; stopping this server")
 
 

@@ -44,3 +44,21 @@ def test_a_server_whose_chief_never_comes_up_exits_3_after_the_start_timeout(exi
     with pytest.raises(Exited):
         serving._exit_when_gone(address, "worker:0", start_timeout=0.3)
     assert exits[0][0] == 3 and "did not come up within cluster.start_timeout_sec=0.3" in exits[0][1]
+
+
+def test_a_chief_that_stops_answering_is_not_taken_for_ended(exits, monkeypatch):
+    """A link down (no answer at all) is not a closed port: the server keeps serving while the chief is unreachable
+    and comes back, and exits 0 only once the chief's host refuses the connection (its process has ended)."""
+    states = iter([serving.UP, serving.UP, serving.UNREACHABLE, serving.UNREACHABLE, serving.UP] + [serving.CLOSED] * 3)
+    monkeypatch.setattr(serving, "_probe", lambda address: next(states))
+    with pytest.raises(Exited):
+        serving._exit_when_gone("198.18.0.1:2222", "worker:1", start_timeout=5)
+    assert exits == [(0, "worker:1: the chief at 198.18.0.1:2222 has ended; stopping this server")]
+
+
+def test_a_chief_unreachable_past_the_start_timeout_exits_3(exits, monkeypatch):
+    states = iter([serving.UP] + [serving.UNREACHABLE] * 1000)
+    monkeypatch.setattr(serving, "_probe", lambda address: next(states))
+    with pytest.raises(Exited):
+        serving._exit_when_gone("198.18.0.1:2222", "ps:0", start_timeout=0.3)
+    assert exits[0][0] == 3 and "has not answered for 0.3 s (cluster.start_timeout_sec)" in exits[0][1]

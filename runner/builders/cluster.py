@@ -28,6 +28,13 @@ class ClusterConfig:
 
 
 @dataclass
+class TFConfigClusterConfig(ClusterConfig):
+    # parameter_server: ps and worker tasks exit 0 once the chief has ended (its port refuses connections), as they
+    # do under Slurm; false: they serve until they are stopped (a Kubernetes job that ends when its chief pod does)
+    exit_with_chief: bool = False
+
+
+@dataclass
 class LocalhostClusterConfig(ClusterConfig):
     workers: int = ranged(2, ge=1)
     ps: int = ranged(0, ge=0)  # parameter_server: number of ps tasks (1 or more)
@@ -105,7 +112,9 @@ register(
 )
 
 
-@option("cluster", "tf_config", schema=ClusterConfig, help="TFConfigClusterResolver", processes=True, reads_tf_config=True)
+@option(
+    "cluster", "tf_config", schema=TFConfigClusterConfig, help="TFConfigClusterResolver", processes=True, reads_tf_config=True
+)
 def _tf_config(cfg) -> Cluster:
     import tensorflow as tf
 

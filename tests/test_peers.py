@@ -1,0 +1,47 @@
+"""runner/peers.py: TensorFlow's errors when a peer is lost, as TF 2.21 words them (copied from real runs across
+network namespaces, tests/test_netns.py), turned into one message naming the task. No TensorFlow needed."""
+
+from runner import peers
+from runner.errors import ClusterError
+
+JOBS = {"worker": ["198.18.0.1:2222", "198.18.0.2:2222"]}
+
+
+def tf_error(name, text):
+    return type(name, (Exception,), {})(text)
+
+
+def test_the_leader_names_the_task_that_stopped_sending_heartbeats(tmp_path):
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-160"\n')
+    err = tf_error(
+        "UnavailableError",
+        "Graph execution error:\n...Collective ops is aborted by: Error reported from /job:worker/task:1: The following "
+        "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed.",
+    )
+    lost = peers.lost_peer(err, "worker:0", JOBS, "/out/w0", str(tmp_path))
+    assert isinstance(lost, ClusterError) and lost.exit_code == 3
+    text = str(lost)
+    assert text.startswith("task worker:0 lost contact with worker:1 (198.18.0.2:2222): it stopped answering")
+    assert f"the latest checkpoint is step 160 in {tmp_path}" in text and "resume=/out/w0" in text
+
+
+def test_the_cut_off_task_names_the_coordination_leader():
+    err = tf_error(
+        "DeadlineExceededError",
+        "Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorflow.CoordinationService/Heartbeat\n"
+        "The error could be from a previous operation. [[{{node while/CollectiveReduceV2}}]]",
+    )
+    text = str(peers.lost_peer(err, "worker:1", JOBS, "/out/w1", None))
+    assert text.startswith("task worker:1 lost contact with worker:0 (198.18.0.1:2222): it did not answer")
+    assert "no checkpoint was written" in text
+
+
+def test_a_collective_error_naming_an_address_blames_its_task():
+    err = tf_error("UnavailableError", "Collective ops is aborted by: failed to connect to all addresses; ipv4:198.18.0.2:2222")
+    assert "lost contact with worker:1 (198.18.0.2:2222)" in str(peers.lost_peer(err, "worker:0", JOBS))
+
+
+def test_other_errors_and_single_processes_are_left_alone():
+    assert peers.lost_peer(ValueError("stopped sending heartbeats"), "worker:0", JOBS) is None
+    assert peers.lost_peer(tf_error("UnavailableError", "stopped sending heartbeats /job:worker/task:1"), "worker:0", {}) is None
+    assert peers.lost_peer(tf_error("InvalidArgumentError", "shapes"), "worker:0", JOBS) is None
