@@ -126,6 +126,9 @@ def test_parameter_server_on_ray_restarts_a_worker_whose_ray_worker_is_killed(ra
     victim = _ray_worker_pid(live, "worker:1")
     live.wait_for(lambda line: re.search(r"\[chief:0\].*step \d+/", line), 120)
     os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    live.wait_for(lambda line: "worker:1 stopped (its Ray worker process" in line, 30)
+    print(f"killed Ray worker: the parameter-server job saw worker:1 dead {time.monotonic() - killed_at:.2f} s after the SIGKILL")
     code, output = live.finish(timeout=180)
     assert code == 0, output[-4000:]
     assert f"worker:1 stopped (its Ray worker process (pid {victim}) died" in output and "restarting it (1/3)" in output
