@@ -174,3 +174,16 @@ def test_config_only_paths_import_neither_tensorflow_nor_ray(flag):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "LOADED=[]" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     assert "ray" in done.stdout  # --help lists cluster=ray; --cfg job shows it composed
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once(store, tmp_path):
+    """ray.init() waits minutes on an address with no Ray head behind it: the runner probes it first (exit 2)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    started = time.monotonic()
+    done = run_runner([*MWMS, "cluster=ray", f"cluster.address=127.0.0.1:{port}"], store[0], tmp_path / "run", store[1])
+    assert done.returncode == 2 and time.monotonic() - started < 30, done.output[-2000:]
+    assert f"cluster.address=127.0.0.1:{port}: nothing answers there" in done.stderr and "Traceback" not in done.stderr

@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from runner import layout
 from runner.errors import ConfigError
 from runner.fields import ranged
+from runner.probes import connect_problem
 from runner.registry import describe, get, option, options, register
 
 describe("cluster", "where the tasks run")
@@ -125,6 +126,17 @@ def _ray_shape(cfg):
         )
 
 
+def _ray_head_answers(cfg):
+    """A cluster.address of host:port must accept a connection: ray.init() waits minutes on one that does not."""
+    host, _, port = (cfg.cluster.address or "").removeprefix("ray://").rpartition(":")
+    problem = connect_problem(host, int(port)) if host and port.isdigit() else None  # None, "auto": Ray says at once
+    if problem:
+        raise ConfigError(
+            f"cluster.address={cfg.cluster.address}: nothing answers there ({problem}). Start the head with `ray start "
+            "--head` and pass the address it prints, or leave cluster.address unset for a local head."
+        )
+
+
 register(
     "cluster",
     "ray",
@@ -132,6 +144,7 @@ register(
     help="one Ray actor per task on a Ray cluster (cluster.address; default: a local head for this run)",
     processes=True,
     check=_ray_shape,
+    probe=_ray_head_answers,
     launcher="runner.ray_launcher",
 )
 
