@@ -1,5 +1,6 @@
 """Hydra entry point. Config-only paths (--help, --cfg, validation) never import TensorFlow."""
 
+import importlib
 import json
 import os
 import sys
@@ -7,7 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import contract, layout, schema
+from runner import contract, layout, registry, schema
 from runner.builders import strategy_auto
 from runner.errors import RunnerError
 from runner.probes import writable_dir_problem
@@ -60,10 +61,9 @@ def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics), also written to summary.json."""
     validate(cfg)
     strategy_auto.announce()
-    if cfg.cluster.name == "localhost":
-        from runner.launcher import launch  # starts tf_config tasks; no TensorFlow in this process
-
-        return _written(cfg, launch(cfg))
+    launcher = registry.selected(cfg, "cluster").caps.launcher
+    if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors); no TensorFlow in this process
+        return _written(cfg, importlib.import_module(launcher).launch(cfg))
     from runner.tracking import prestart
 
     prestart(cfg)  # MLflow gets ready in its own process while this one imports TensorFlow

@@ -41,12 +41,18 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def cluster_spec(cfg) -> dict[str, list[str]]:
+def cluster_shape(cfg) -> dict[str, int]:
+    """{job: number of tasks} of the cluster the config asks for (the evaluator is no job of it)."""
     c = cfg.cluster
     ps_strategy = cfg.strategy.name == "parameter_server"
     shape = {"chief": 1 if (c.chief or ps_strategy) else 0, "worker": c.workers, "ps": c.ps if ps_strategy else 0}
+    return {job: n for job, n in shape.items() if n}
+
+
+def cluster_spec(cfg) -> dict[str, list[str]]:
+    shape = cluster_shape(cfg)
     ports = iter(free_ports(sum(shape.values())))
-    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in shape.items() if n}
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in shape.items()}
 
 
 def signal_name(code: int) -> str:
@@ -96,6 +102,14 @@ class Task:
                 with lock:
                     sys.stdout.write(f"[{self.name}] {line}")
                     sys.stdout.flush()
+
+    def frozen(self) -> bool:
+        """Whether it is stopped (SIGSTOP, a debugger) rather than running."""
+        return self.proc.poll() is None and procs.state(self.proc.pid) in ("T", "t")
+
+    def exit_note(self, code: int) -> str:
+        """How it ended, for the error that names it."""
+        return signal_name(code)
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -161,8 +175,9 @@ def _task_overrides(overrides: list[str], strategy: str) -> list[str]:
     return [*(o for o in overrides if not owned(o)), f"strategy={strategy}"]
 
 
-def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str) -> list[Task]:
-    spec = cluster_spec(cfg)
+def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, spec=None, task_class=Task) -> list[Task]:
+    """One task per member of `spec` (default: free ports on 127.0.0.1), plus the evaluator when asked for."""
+    spec = spec or cluster_spec(cfg)
     out = cfg.output_dir
     launch_id = uuid.uuid4().hex
     tasks = []
@@ -189,7 +204,7 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str) ->
                 f"checkpoint.dir={layout.checkpoint_dir(cfg)}",
             ]
         )
-        tasks.append(Task(job, i, argv, env, run_dir))
+        tasks.append(task_class(job, i, argv, env, run_dir))
     return tasks
 
 
@@ -226,21 +241,21 @@ def supervise(tasks: list[Task], cfg) -> None:
             if t.is_server and t.restarts < cfg.cluster.restart_workers:
                 t.restarts += 1
                 log.warning(
-                    "%s stopped (%s); restarting it (%d/%d)", t.name, signal_name(code), t.restarts, cfg.cluster.restart_workers
+                    "%s stopped (%s); restarting it (%d/%d)", t.name, t.exit_note(code), t.restarts, cfg.cluster.restart_workers
                 )
                 t.start(lock)
                 continue
-            frozen = [o for o in tasks if o is not t and o.proc.poll() is None and procs.state(o.proc.pid) in ("T", "t")]
+            frozen = [o for o in tasks if o is not t and o.frozen()]
             if frozen:  # a peer that is stopped (SIGSTOP, a debugger) makes the healthy ones give up: name it
                 f = frozen[0]
                 raise ClusterError(
                     f"task {f.name} (pid {f.proc.pid}) was stopped (SIGSTOP or a debugger) and did not answer, so task "
-                    f"{t.name} gave up waiting for it ({signal_name(code)}). The other tasks were stopped. Logs are in "
+                    f"{t.name} gave up waiting for it ({t.exit_note(code)}). The other tasks were stopped. Logs are in "
                     f"{f.run_dir}/runner.log and {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to continue "
                     "from the last checkpoint."
                 )
             raise ClusterError(
-                f"task {t.name} (pid {t.proc.pid}) stopped: {signal_name(code)}. The other tasks were stopped. "
+                f"task {t.name} (pid {t.proc.pid}) stopped: {t.exit_note(code)}. The other tasks were stopped. "
                 f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "
                 "continue from the last checkpoint."
             )
@@ -254,17 +269,19 @@ def supervise(tasks: list[Task], cfg) -> None:
             return
 
 
-def launch(cfg: DictConfig) -> dict:
+def launch(cfg: DictConfig, make_tasks=build_tasks, where: str = "127.0.0.1") -> dict:
+    """Start the tasks `make_tasks(cfg, overrides, run_id, uri)` returns (here: processes on 127.0.0.1; cluster=ray:
+    runner/ray_launcher.py), supervise them inside one MLflow run, and return the chief's summary."""
     from hydra.core.hydra_config import HydraConfig
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     stopping.install()
     with mlflow_run(cfg, overrides) as run:
-        tasks = build_tasks(cfg, overrides, run.run_id, run.tracking_uri)
-        log.info("cluster on 127.0.0.1: %s", ", ".join(t.name for t in tasks))
+        tasks = make_tasks(cfg, overrides, run.run_id, run.tracking_uri)
+        log.info("cluster on %s: %s", where, ", ".join(t.name for t in tasks))
         log.info(
-            "note: TensorFlow's gRPC servers listen on every interface, not only 127.0.0.1 (hard-coded in TensorFlow); "
-            "on a shared network, firewall the task ports"
+            "note: TensorFlow's gRPC servers listen on every interface, not only the address in TF_CONFIG (hard-coded "
+            "in TensorFlow); on a shared network, firewall the task ports"
         )
         run.set_tags({"cluster.tasks": ",".join(t.name for t in tasks)})
         try:

@@ -98,7 +98,7 @@ class Calls:
             started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
             if system_metrics_every_sec and not attached:
                 self.start_system_metrics(started["run_id"], system_metrics_every_sec, bool(resumed))
-            launcher = cfg["cluster"]["name"] == "localhost" and not attached  # its chief task logs the model
+            launcher = cfg["cluster"]["name"] in ("localhost", "ray") and not attached  # its chief task logs the model
             if cfg.get("save_model") and cfg["mlflow"].get("log_model") and not launcher:
                 from runner.mlflow_ops import warm_up
 

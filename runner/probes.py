@@ -75,6 +75,15 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+def connect_problem(host: str, port: int, timeout: float = 5.0) -> str | None:
+    """None when host:port accepts a TCP connection now, else why not."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return None
+    except OSError as err:
+        return err.strerror or str(err)
+
+
 def tracking_problem(uri: str, timeout: float = 3.0):
     """None when an http(s) tracking server answers /health, else why not. Other stores are not probed."""
     if not uri.startswith(("http://", "https://")):

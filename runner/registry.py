@@ -35,6 +35,9 @@ GROUPS: dict[str, tuple] = {
         {
             "processes": False,  # its tasks are separate processes: only `multi_process` strategies fit
             "reads_tf_config": False,  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
+            # the module whose launch(cfg) starts the tasks from this process and supervises them (localhost, ray);
+            # None: this process is one task of the cluster
+            "launcher": None,
         },
     ),
     "data": (

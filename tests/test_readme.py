@@ -131,6 +131,8 @@ def kind_of(tokens):
         return "image-folder", None  # on PNGs of two classes written to data.train_dir in scratch (tests/helpers.py)
     if "strategy=tpu" in args:
         return "tpu", None  # runs: without a TPU README promises an error within seconds
+    if "cluster=ray" in args:
+        return "ray", None  # starts its own local Ray head, as README says: run on its own (tests/test_ray.py for the rest)
     if "cluster=localhost" in args:
         return ("resume" if any(a.startswith("resume=") for a in args) else "cluster"), None
     if tokens[0].startswith("PYTHONPATH="):
@@ -684,6 +686,46 @@ def check_srun(scratch, args, result):
     assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
 
 
+def run_ray(scratch, tokens):
+    """README's cluster=ray command as written (no cluster.address: the runner starts a local Ray head and must shut it
+    down). A variable only this run's processes carry finds any of them (Ray's included) that outlive it."""
+    args = _runner_args(tokens)
+    run_dir = scratch.dir(key(args))
+    mark = f"RUNNER_README_RAY_{os.getpid()}"
+    proc = scratch.run([*_python(tokens), *TINY, f"hydra.run.dir={run_dir}"], timeout=300, env_extra={mark: "1"})
+    deadline = time.monotonic() + 15
+    while _processes_with(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc.left = _processes_with(mark)
+    return proc, run_dir
+
+
+def _processes_with(variable):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"{variable}=".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def check_ray(scratch, args, result):
+    """One FINISHED run whose two Ray-actor tasks trained every replica; the local Ray head is gone with the run."""
+    proc, run_dir = result
+    _ok(proc)
+    assert not proc.left, f"processes of the run (the Ray head's, or tasks) outlived it: {proc.left}"
+    run = _run_of(scratch, run_dir)
+    assert run.info.status == "FINISHED" and run.data.tags["cluster.name"] == "ray"
+    assert run.data.tags["cluster.tasks"] == "worker:0,worker:1" and run.data.tags["num_replicas_in_sync"] == "2"
+    assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
+    assert "[worker:0] " in proc.stdout and "[worker:1] " in proc.stdout and "a local head started for this run" in proc.stdout
+    for i in range(2):
+        assert (run_dir / f"worker-{i}" / "runner.log").exists()
+
+
 DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord, "serve": run_serve}
 CHECKS = {
     "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
@@ -708,6 +750,7 @@ CHECKS = {
     "serve": check_serve,
     "srun": check_srun,
     "submitit": check_submitit,
+    "ray": check_ray,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}
@@ -751,6 +794,10 @@ def test_readme_command(command, request):
     if kind == "submitit":
         scratch, slurm = request.getfixturevalue("scratch"), request.getfixturevalue("slurm")
         CHECKS[kind](scratch, _runner_args(TOKENS[command]), run_submitit(scratch, TOKENS[command], slurm))
+        return
+    if kind == "ray":  # on its own: `-k ray` runs just this command
+        scratch = request.getfixturevalue("scratch")
+        CHECKS[kind](scratch, _runner_args(TOKENS[command]), run_ray(scratch, TOKENS[command]))
         return
     scratch, result = request.getfixturevalue("results")
     tokens = TOKENS[command]

@@ -3,7 +3,8 @@ builder here (runner/registry.py); its YAML is conf/cluster/<name>.yaml.
 
 `local`: one process. `tf_config`: TFConfigClusterResolver (Kubernetes and other schedulers set TF_CONFIG).
 `slurm`: SlurmClusterResolver. `tpu`: TPUClusterResolver, connected and initialised here, at program start.
-(`localhost` is never built in a task: runner/launcher.py starts tf_config tasks instead.)
+(`localhost` and `ray` are never built in a task: runner/launcher.py and runner/ray_launcher.py start tf_config
+tasks instead.)
 """
 
 import os
@@ -16,6 +17,7 @@ from omegaconf import MISSING
 from runner import layout
 from runner.errors import ConfigError
 from runner.fields import ranged
+from runner.probes import connect_problem
 from runner.registry import describe, get, option, options, register
 
 describe("cluster", "where the tasks run")
@@ -43,6 +45,14 @@ class LocalhostClusterConfig(ClusterConfig):
     failure_grace_sec: float = ranged(5.0, ge=0)  # after a task dies, how long the others get to exit before they are killed
     stop_grace_sec: float = ranged(60.0, ge=0)  # on Ctrl-C or SIGTERM: how long trainers get to write their checkpoint
     restart_workers: int = ranged(3, ge=0)  # parameter_server: restart a dead worker or ps task up to this many times
+
+
+@dataclass
+class RayClusterConfig(LocalhostClusterConfig):
+    address: str | None = None  # a running Ray cluster: "auto", "<head ip>:6379"; None: start a local head for this run
+    placement: str = "PACK"  # the placement group's strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (one node each)
+    cpus_per_task: float = ranged(1.0, ge=0)  # Ray CPUs each task's bundle reserves
+    gpus_per_task: float = ranged(0.0, ge=0)  # Ray GPUs each task's bundle reserves (and CUDA_VISIBLE_DEVICES it gets)
 
 
 @dataclass
@@ -109,6 +119,40 @@ register(
     help="tasks started here on 127.0.0.1",
     processes=True,
     check=_localhost_shape,
+    launcher="runner.launcher",
+)
+
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _ray_shape(cfg):
+    _localhost_shape(cfg)
+    if cfg.cluster.placement not in PLACEMENTS:
+        raise ConfigError(
+            f"cluster.placement={cfg.cluster.placement!r} is not a Ray placement strategy; use one of: {', '.join(PLACEMENTS)}."
+        )
+
+
+def _ray_head_answers(cfg):
+    """A cluster.address of host:port must accept a connection: ray.init() waits minutes on one that does not."""
+    host, _, port = (cfg.cluster.address or "").removeprefix("ray://").rpartition(":")
+    problem = connect_problem(host, int(port)) if host and port.isdigit() else None  # None, "auto": Ray says at once
+    if problem:
+        raise ConfigError(
+            f"cluster.address={cfg.cluster.address}: nothing answers there ({problem}). Start the head with `ray start "
+            "--head` and pass the address it prints, or leave cluster.address unset for a local head."
+        )
+
+
+register(
+    "cluster",
+    "ray",
+    schema=RayClusterConfig,
+    help="one Ray actor per task on a Ray cluster (cluster.address; default: a local head for this run)",
+    processes=True,
+    check=_ray_shape,
+    probe=_ray_head_answers,
+    launcher="runner.ray_launcher",
 )
 
 

@@ -2,7 +2,7 @@
 
 Rules, first match wins:
 1. cluster=tpu: tpu (the TPU named by cluster.tpu; it fails fast if none answers).
-2. a cluster of processes (localhost, tf_config, slurm): parameter_server when it has ps tasks, else
+2. a cluster of processes (localhost, ray, tf_config, slurm): parameter_server when it has ps tasks, else
    multi_worker_mirrored (TF_CONFIG, SLURM_NTASKS or cluster.workers say how many workers).
 3. cross_device_ops set to one that only some strategies take: the first of them (nccl -> mirrored, ring ->
    multi_worker_mirrored).
