@@ -241,7 +241,7 @@ def main(argv=None):
             "| best / best |",
             "|---|---|---|---|---|",
         ]
-        for n in [1, 10] if args.quick else [1, 10, 100]:
+        for n in [10] if args.quick else [1, 10, 100]:
             add_row(
                 n,
                 lambda: b.runner("default", 1, "fit", f"train.steps_per_execution={n}")[0],
@@ -268,8 +268,9 @@ def main(argv=None):
         say(lines[-1])
 
     if "startup" in sections:
-        cfg_job = wall([sys.executable, "-m", "runner", "--cfg", "job"], max(3, args.rounds), workdir)
-        help_ = wall([sys.executable, "-m", "runner", "--help"], max(3, args.rounds), workdir)
+        starts = 1 if args.quick else max(3, args.rounds)
+        cfg_job = wall([sys.executable, "-m", "runner", "--cfg", "job"], starts, workdir)
+        help_ = wall([sys.executable, "-m", "runner", "--help"], starts, workdir)
         firsts = [b.runner("default", 1, "fit")[1] for _ in range(args.rounds)]
         first = statistics.median(firsts)
         figures.update({"wall/cfg_job_sec": cfg_job, "wall/help_sec": help_, "wall/to_first_step_sec": first})
