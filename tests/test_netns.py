@@ -216,9 +216,7 @@ def test_a_slow_link_still_trains(netns, store):
     assert final_loss(tasks.output("worker:0")) == final_loss(tasks.output("worker:1"))
     client, run = mlflow_run_by_name(store[1], EXPERIMENT, "slow-link")
     assert run.info.status == "FINISHED"
-    _, fast = mlflow_run_by_name(store[1], EXPERIMENT, "mwms-custom_loop")
-    slow_rate, fast_rate = run.data.metrics["summary/examples_per_sec"], fast.data.metrics["summary/examples_per_sec"]
-    print(f"tbf 2mbit on worker:1: {slow_rate:,.0f} examples/s vs {fast_rate:,.0f} unshaped")
+    print(f"tbf 2mbit on worker:1: {run.data.metrics['summary/examples_per_sec']:,.0f} examples/s")
 
 
 def test_a_parameter_server_worker_cut_off_finishes(netns, store):
