@@ -208,17 +208,6 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, sp
     return tasks
 
 
-def _checkpoint_note(cfg) -> str:
-    """'checkpoint at step N in DIR' from the checkpoint index file (no TensorFlow here)."""
-    directory = layout.checkpoint_dir(cfg)
-    try:
-        with open(os.path.join(directory, "checkpoint")) as f:
-            latest = f.readline().split(":", 1)[1].strip().strip('"')
-        return f"the latest checkpoint is step {latest.rsplit('-', 1)[-1]} in {directory}"
-    except (OSError, IndexError):
-        return "no checkpoint was written"
-
-
 def _trainers(tasks: list[Task]) -> list[Task]:
     return [t for t in tasks if t.env.get(contract.TASK_ROLE) == layout.TRAINER]
 
@@ -301,7 +290,8 @@ def launch(cfg: DictConfig, make_tasks=build_tasks, where: str = "127.0.0.1") ->
             # Read the checkpoint only now: the chief may still have been writing it when a peer exited.
             signum = signal.Signals[err.signal_name] if isinstance(err, stopping.Stopped) else signal.SIGINT
             reason = str(err) if isinstance(err, stopping.Stopped) else "stopped by SIGINT"
-            raise stopping.Stopped(signum, f"{reason}; every task was stopped and {_checkpoint_note(cfg)}.") from None
+            note = layout.checkpoint_note(layout.checkpoint_dir(cfg))
+            raise stopping.Stopped(signum, f"{reason}; every task was stopped and {note}.") from None
         finally:
             stop_all(tasks, cfg.cluster.failure_grace_sec)
             for t in tasks:

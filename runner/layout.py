@@ -69,3 +69,15 @@ def is_chief(task_type, task_id: int, jobs) -> bool:
     if "chief" in jobs:
         return task_type == "chief"
     return task_type == "worker" and int(task_id) == 0
+
+
+def checkpoint_note(directory: str | None) -> str:
+    """'the latest checkpoint is step N in DIR', from the checkpoint index file (no TensorFlow here)."""
+    if not directory:
+        return "no checkpoint was written"
+    try:
+        with open(os.path.join(directory, "checkpoint")) as f:
+            latest = f.readline().split(":", 1)[1].strip().strip('"')
+        return f"the latest checkpoint is step {latest.rsplit('-', 1)[-1]} in {directory}"
+    except (OSError, IndexError):
+        return "no checkpoint was written"

@@ -12,9 +12,9 @@ Without the coordination service the strategy's own health check aborts them (`c
 left alone.
 """
 
-import os
 import re
 
+from runner import layout
 from runner.errors import ClusterError
 
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError", "InternalError")
@@ -40,17 +40,6 @@ def _address_of(task: str, jobs: dict) -> str:
 def _leader(jobs: dict) -> str:
     """The coordination service's leader: TensorFlow's multi_worker_util.coordination_leader."""
     return "chief:0" if jobs.get("chief") else "worker:0"
-
-
-def _checkpoint_note(checkpoint_dir: str | None) -> str:
-    if not checkpoint_dir:
-        return "no checkpoint was written"
-    try:
-        with open(os.path.join(checkpoint_dir, "checkpoint")) as f:
-            latest = f.readline().split(":", 1)[1].strip().strip('"')
-        return f"the latest checkpoint is step {latest.rsplit('-', 1)[-1]} in {checkpoint_dir}"
-    except (OSError, IndexError):
-        return "no checkpoint was written"
 
 
 def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoint_dir=None) -> ClusterError | None:
@@ -79,6 +68,6 @@ def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoi
     return ClusterError(
         f"task {me} lost contact with {who}: it {how}, so training stopped ({type(err).__name__}). A network link "
         f"down, a host gone or a task that died all look like this. This task stopped too; "
-        f"{_checkpoint_note(checkpoint_dir)}. Once every task can reach the others again, restart every task with"
+        f"{layout.checkpoint_note(checkpoint_dir)}. Once every task can reach the others again, restart every task with"
         f"{resume} (each task its own output directory) to continue from the last checkpoint."
     )
