@@ -20,6 +20,16 @@ FAST = [
     "train.optimizer.learning_rate=0.3",
 ]
 
+# A cluster test's job: 4 steps of 64, every step logged (tests/test_slurm.py, tests/test_ray.py).
+CLUSTER_TINY = [
+    "data.num_examples=512",
+    "data.eval_examples=128",
+    "train.epochs=1",
+    "train.steps_per_epoch=4",
+    "train.global_batch_size=64",
+    "train.log_every_n_steps=1",
+]
+
 
 @dataclass
 class Completed:

@@ -14,19 +14,12 @@ import uuid
 
 import pytest
 
-from helpers import ROOT, LiveRun, mlflow_run_by_name, run_runner
+from helpers import CLUSTER_TINY, ROOT, LiveRun, mlflow_run_by_name, run_runner
 
 pytestmark = pytest.mark.slow  # end to end: a Ray head, and `python -m runner` clusters of real task processes
 
 EXPERIMENT = "ray"
-TINY = [
-    "data.num_examples=512",
-    "data.eval_examples=128",
-    "train.epochs=1",
-    "train.steps_per_epoch=4",
-    "train.global_batch_size=64",
-    "train.log_every_n_steps=1",
-]
+TINY = CLUSTER_TINY
 MWMS = ["strategy=multi_worker_mirrored", "cross_device_ops=ring"]
 
 

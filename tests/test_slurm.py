@@ -10,20 +10,13 @@ import time
 
 import pytest
 
-from helpers import ROOT, mlflow_run_by_name
+from helpers import CLUSTER_TINY, ROOT, mlflow_run_by_name
 from slurm_cluster import free_port_run
 
 pytestmark = pytest.mark.slow
 
 EXPERIMENT = "slurm"
-TINY = [
-    "data.num_examples=512",
-    "data.eval_examples=128",
-    "train.epochs=1",
-    "train.steps_per_epoch=4",
-    "train.global_batch_size=64",
-    "train.log_every_n_steps=1",
-]
+TINY = CLUSTER_TINY
 
 
 def srun_runner(slurm, store, ntasks, name, args, timeout=240):
