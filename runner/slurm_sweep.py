@@ -3,6 +3,8 @@
 import logging
 import os
 
+from runner.errors import ConfigError
+
 log = logging.getLogger("runner")
 
 
@@ -11,9 +13,7 @@ def port_base(base: int, num: int) -> int:
     same ports would join one job's tasks to another's cluster. Each job gets its own run of SLURM_NTASKS ports."""
     stride = int(os.environ.get("SLURM_NTASKS") or 1)
     port = base + num * stride
-    if port + stride > 65535:
-        from runner.errors import ConfigError
-
+    if port + stride - 1 > 65535:  # the job's last port
         raise ConfigError(
             f"cluster.port_base={base}: job #{num} of the sweep would need ports {port}-{port + stride - 1}, "
             "past 65535 (each job of a Slurm sweep takes its own SLURM_NTASKS ports). Pass a lower cluster.port_base."

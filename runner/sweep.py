@@ -18,6 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner import contract, slurm_sweep
+from runner.errors import ConfigError
 
 log = logging.getLogger("runner")
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
@@ -60,8 +61,12 @@ def run_sweep_job(cfg: DictConfig) -> float:
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
     # Under Hydra's submitit launcher every Slurm task of a job runs this function: task 0 speaks for the job.
     secondary = cfg.cluster.name == "slurm" and os.environ.get("SLURM_PROCID", "0") != "0"
+    problem = None
     if cfg.cluster.name == "slurm":
-        overrides = [*overrides, f"cluster.port_base={slurm_sweep.port_base(cfg.cluster.port_base, num)}"]
+        try:
+            overrides = [*overrides, f"cluster.port_base={slurm_sweep.port_base(cfg.cluster.port_base, num)}"]
+        except ConfigError as err:  # this job cannot start: it fails as a job with a bad config does
+            problem = f"Error: {err}\n"
     if not secondary:
         log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(hc.overrides.task) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
@@ -70,13 +75,11 @@ def run_sweep_job(cfg: DictConfig) -> float:
     # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
     # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
     # thread: the basic launcher's, or a joblib worker process's).
-    proc = contract.start_child(contract.runner_command([*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]), env)
-    tail: list[str] = []
-    for line in proc.stdout:
-        sys.stdout.write(f"[{label}] {line}")
-        sys.stdout.flush()
-        tail = (tail + [line])[-30:]
-    code = proc.wait()
+    if problem:
+        sys.stdout.write(f"[{label}] {problem}")
+        code, tail = 2, [problem]
+    else:
+        code, tail = _run_child([*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"], env, label)
     if secondary:
         return math.nan  # Hydra's submitit launcher returns task 0's value
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
@@ -90,6 +93,17 @@ def run_sweep_job(cfg: DictConfig) -> float:
         json.dump(status, f)
     worst = -math.inf if hc.sweeper.get("direction") == "maximize" else math.inf
     return worst if objective is None else objective
+
+
+def _run_child(overrides: list[str], env: dict, label: str) -> tuple[int, list[str]]:
+    """`python -m runner <overrides>`, its lines passed on with the job's label; (exit code, its last 30 lines)."""
+    proc = contract.start_child(contract.runner_command(overrides), env)
+    tail: list[str] = []
+    for line in proc.stdout:
+        sys.stdout.write(f"[{label}] {line}")
+        sys.stdout.flush()
+        tail = (tail + [line])[-30:]
+    return proc.wait(), tail
 
 
 def _objective(metric: str, job_dir: str, label: str) -> float | None:

@@ -233,5 +233,6 @@ def test_each_job_of_a_slurm_sweep_gets_its_own_ports(monkeypatch):
 
     monkeypatch.setenv("SLURM_NTASKS", "3")
     assert [port_base(8888, n) for n in range(3)] == [8888, 8891, 8894]
+    assert port_base(65533, 0) == 65533  # its three ports end at 65535 exactly
     with pytest.raises(ConfigError, match=r"cluster.port_base=65530: job #2 .* past 65535"):
         port_base(65530, 2)
