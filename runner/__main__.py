@@ -1,18 +1,20 @@
-"""`python -m runner ...`: compose the Hydra config and run one experiment."""
+"""`python -m runner ...` (and the `tf-runner` script): compose the Hydra config and run one experiment."""
 
 from runner import env
 
 env.prepare()
 
+import sys  # noqa: E402
+
 from runner import teardown  # noqa: E402
-from runner.app import main  # noqa: E402  (env must be prepared before anything touches TensorFlow)
+from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
+from runner.claims import in_use_problem  # noqa: E402
 
-if __name__ == "__main__":
-    import sys
 
-    from runner.app import output_dir_problem
-
-    problem = output_dir_problem(sys.argv[1:])
+def cli() -> None:
+    """What runs before Hydra: resume='s saved overrides, and the checks of directories Hydra writes into first."""
+    sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
+    problem = output_dir_problem(sys.argv[1:]) or in_use_problem(sys.argv[1:])
     if problem:
         print(f"Error: {problem}", file=sys.stderr)
         sys.exit(2)
@@ -21,3 +23,7 @@ if __name__ == "__main__":
     except SystemExit as done:  # Hydra and the runner exit through SystemExit; the code is kept
         teardown.exit(done.code)
     teardown.exit(0)
+
+
+if __name__ == "__main__":
+    cli()

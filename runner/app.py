@@ -2,13 +2,14 @@
 
 import importlib
 import json
+import logging
 import os
 import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import contract, layout, registry, schema
+from runner import claims, contract, layout, registry, schema
 from runner.builders import strategy_auto
 from runner.errors import RunnerError
 from runner.probes import writable_dir_problem
@@ -28,10 +29,18 @@ def slurm_step_dir() -> str:
     return f"outputs/slurm-{job}.{step}" if job and step else ""
 
 
-OmegaConf.register_new_resolver("runner.slurm_step_dir", slurm_step_dir, replace=True)
+def run_dir(resume, by_clock: str) -> str:
+    """hydra.run.dir: resume=<dir> when given; under srun the step's directory; else `by_clock`
+    (outputs/<date>/<time>), or <time>_2... when another run or sweep started in the same second took it. One
+    resolver, not nested ones: OmegaConf resolves every argument first, and the clock's directory is created."""
+    return resume or slurm_step_dir() or claims.fresh_dir(by_clock)
 
 
-CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
+# Cached in the config, as Hydra's `now` is: every copy Hydra makes of it resolves to the same directory.
+OmegaConf.register_new_resolver("runner.run_dir", run_dir, replace=True, use_cache=True)
+OmegaConf.register_new_resolver("runner.fresh_dir", claims.fresh_dir, replace=True, use_cache=True)
+
+CONFIG_ONLY = claims.CONFIG_ONLY
 
 
 def output_dir_problem(argv) -> str:
@@ -57,9 +66,43 @@ def output_dir_problem(argv) -> str:
     return ""
 
 
+def with_resumed_overrides(argv: list[str]) -> list[str]:
+    """`resume=<dir>` continues that run as it was configured: its first command's overrides (Hydra's
+    <dir>/.hydra/overrides.yaml) come back, placed before resume=, and any override given now for the same key
+    replaces its old value (resume=<dir> train.epochs=200 trains longer). Without them a run started with
+    train.epochs=100 would be continued with the defaults. Hydra writes the merged list back, so it holds for the
+    next resume too."""
+    if "-m" in argv or "--multirun" in argv:
+        return argv
+    at = max((i for i, a in enumerate(argv) if a.startswith("resume=")), default=None)
+    if at is None or not argv[at].split("=", 1)[1]:
+        return argv
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        with open(os.path.join(argv[at].split("=", 1)[1], layout.HYDRA_DIR, "overrides.yaml")) as f:
+            saved = [str(o) for o in (OmegaConf.load(f) or [])]
+        parser = OverridesParser.create()
+        given = {o.key_or_group for o in parser.parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])}
+        keep = [
+            text
+            for text, o in zip(saved, parser.parse_overrides(saved))
+            if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra.")
+        ]
+    except Exception:  # no such file, or one that is not Hydra's list: resume= is checked (and refused) later
+        return argv
+    return [*argv[:at], *keep, *argv[at:]]
+
+
 def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics), also written to summary.json."""
     validate(cfg)
+    claims.claim_output_dir(cfg)  # before anything reads the directory's checkpoints or MLflow run id
+    if cfg.resume and not os.environ.get(contract.ATTACH_RUN):
+        from hydra.core.hydra_config import HydraConfig
+
+        given = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        logging.getLogger("runner").info("resume=%s: continuing with %s", cfg.resume, " ".join(given) or "the defaults")
     strategy_auto.announce()
     launcher = registry.selected(cfg, "cluster").caps.launcher
     if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors); no TensorFlow in this process
@@ -100,11 +143,7 @@ def main(cfg: DictConfig) -> float | None:
         run(cfg)
     except Stopped as err:
         launched = os.environ.get(contract.ATTACH_RUN)  # a task of cluster=localhost: the launcher says what to do next
-        hint = (
-            f" Continue with: python -m runner <same overrides> resume={cfg.output_dir}"
-            if cfg.output_dir and not launched
-            else ""
-        )
+        hint = f" Continue with: python -m runner resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
         marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
         print(f"Stopped: {err}{marked}{hint}", file=sys.stderr)
         sys.exit(err.exit_code)

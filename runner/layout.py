@@ -11,6 +11,7 @@ instead of each spelling the rule again.
       <job>-<index>/        each task's own run directory under cluster=localhost
 """
 
+import json
 import os
 
 HYDRA_DIR = ".hydra"
@@ -69,6 +70,17 @@ def is_chief(task_type, task_id: int, jobs) -> bool:
     if "chief" in jobs:
         return task_type == "chief"
     return task_type == "worker" and int(task_id) == 0
+
+
+def tf_config_chief(strategy_name: str, tf_config: str | None) -> bool:
+    """Whether the task a TF_CONFIG (JSON text) names is the trainer that checkpoints and logs: `is_chief` of a
+    `trainer`. False when TF_CONFIG cannot be read (validation says why)."""
+    try:
+        config = json.loads(tf_config or "")
+        task, jobs = config["task"], config.get("cluster", {})
+        return task_role(strategy_name, task["type"]) == TRAINER and is_chief(task["type"], task["index"], jobs)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def checkpoint_note(directory: str | None) -> str:

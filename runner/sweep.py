@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner import contract, slurm_sweep
+from runner import claims, contract, slurm_sweep
 from runner.errors import ConfigError
 
 log = logging.getLogger("runner")
@@ -167,10 +167,14 @@ class SweepCallback(Callback):
         import mlflow
 
         from runner import store
-        from runner.errors import ConfigError
 
         hc = config.hydra
         sweep_dir = hc.sweep.dir
+        try:  # a sweep directory another live sweep owns: its jobs would continue that sweep's runs
+            claims.claim(sweep_dir, "hydra.sweep.dir", what="sweep")
+        except ConfigError as err:
+            print(f"Error: {err}", file=sys.stderr)
+            sys.exit(err.exit_code)
         logging.getLogger("submitit").addFilter(slurm_sweep.SacctQuiet())
         total = count_jobs(hc)
         label = "?" if total is None else str(total)

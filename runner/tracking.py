@@ -9,7 +9,6 @@ import mlflow.
 
 import contextlib
 import glob
-import json
 import logging
 import os
 import traceback
@@ -85,13 +84,7 @@ def _logs_here(cfg: DictConfig) -> bool:
         return True
     if cfg.cluster.name != "tf_config":
         return False  # decided once the cluster is built; the MLflow process starts then
-    try:
-        tf_config = json.loads(os.environ.get("TF_CONFIG", ""))
-        task, jobs = tf_config["task"], tf_config.get("cluster", {})
-        trains = layout.task_role(cfg.strategy.name, task["type"]) == layout.TRAINER
-        return trains and layout.is_chief(task["type"], task["index"], jobs)
-    except (ValueError, KeyError, TypeError):
-        return False
+    return layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG"))
 
 
 def prestart(cfg: DictConfig) -> None:

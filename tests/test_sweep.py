@@ -3,6 +3,7 @@ experiment presets, and the dashboard checked in headless Chromium."""
 
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,8 @@ from helpers import FAST
 EXPERIMENT = "sweeps"
 
 
-def sweep(runner, name, args, timeout=600):
+def sweep(runner, name, args, timeout=600, while_running=None):
+    """Run a sweep into sweeps/<name>; `while_running(argv, env)` is called once the sweep holds its directory."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     sweep_dir = runner.root / "sweeps" / name
     argv = [
@@ -31,8 +33,18 @@ def sweep(runner, name, args, timeout=600):
         f"mlflow.experiment_name={EXPERIMENT}",
         f"mlflow.run_name={name}",
     ]
-    proc = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=timeout)
-    return proc, sweep_dir
+    if while_running is None:
+        proc = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=timeout)
+        return proc, sweep_dir
+    from runner import claims
+
+    live = subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not claims.holder(str(sweep_dir)) and live.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while_running(argv, env)
+    out, err = live.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, live.returncode, out, err), sweep_dir
 
 
 def family(runner, name):
@@ -97,11 +109,21 @@ def test_report_numbers_equal_the_child_runs(grid, runner):
 
 @pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
+    second = {}
+
+    def same_dir_again(argv, env):  # a second sweep into the directory this one holds: refused before any job
+        second["proc"] = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=120)
+
     proc, sweep_dir = sweep(
         runner,
         "failing",
         ["strategy=mirrored,parameter_server", "cross_device_ops=auto,nccl", "data.num_examples=256", "train.epochs=1"],
+        while_running=same_dir_again,
     )
+    refused = second["proc"]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert re.search(rf"hydra\.sweep\.dir={re.escape(str(sweep_dir))} is in use: process \d+ on this host", refused.stderr)
+    assert "job #" not in refused.stdout  # it started no job
     assert proc.returncode == 1
     assert "3 of the sweep's jobs failed: #1" in proc.stderr and "#2" in proc.stderr and "#3" in proc.stderr
     _, parent, children = family(runner, "failing")

@@ -1,0 +1,116 @@
+"""One live owner per run or sweep directory (runner.claims), clock-named defaults that never collide, and resume='s
+saved overrides (runner.app.with_resumed_overrides). Real processes and real locks; no TensorFlow."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from runner import claims
+from runner.app import with_resumed_overrides
+from runner.errors import ConfigError
+
+HOLD = (
+    "import sys, time; from runner import claims; claims.claim(sys.argv[1], 'hydra.run.dir'); "
+    "print('held', flush=True); time.sleep(60)"
+)
+
+
+def hold(directory):
+    """A real process that claims `directory` and keeps it until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path):
+    base = tmp_path / "outputs" / "2026-12-01" / "10-00-00"
+    code = "import sys; from runner import claims; print(claims.fresh_dir(sys.argv[1]), claims.fresh_dir(sys.argv[1]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(base)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    answers = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert all(first == again for first, again in answers)  # one answer per process, however often Hydra asks
+    got = sorted(first for first, _ in answers)
+    assert got == sorted([str(base), f"{base}_2", f"{base}_3", f"{base}_4"])
+    assert all(os.path.isdir(d) for d in got)
+
+
+def test_config_only_commands_create_no_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["runner", "--cfg", "hydra"])
+    assert claims.fresh_dir(str(tmp_path / "never")) == str(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_directory_a_live_process_holds_is_refused_and_free_once_it_dies(tmp_path):
+    run_dir = tmp_path / "run"
+    owner = hold(run_dir)
+    try:
+        with pytest.raises(ConfigError) as err:
+            claims.claim(str(run_dir), "hydra.run.dir")
+        message = str(err.value)
+        assert f"hydra.run.dir={run_dir} is in use: process {owner.pid} on this host" in message
+        assert "for a new run, pass another hydra.run.dir" in message and f"resume={run_dir}" in message
+        problem = claims.in_use_problem([f"resume={run_dir}"])  # before Hydra writes .hydra/ there
+        assert problem.startswith(f"resume={run_dir} is in use: process {owner.pid}")
+        assert claims.holder(str(run_dir)) == f"process {owner.pid} on this host"
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert claims.holder(str(run_dir)) is None  # the kernel dropped the lock with the process
+    assert claims.in_use_problem([f"hydra.run.dir={run_dir}"]) == ""
+    claims.claim(str(run_dir), "hydra.run.dir")  # continued at once, as a requeued job would
+    claims.claim(str(run_dir), "hydra.run.dir")  # and again by the same process: nothing changes
+
+
+def test_a_sweep_directory_in_use_says_so(tmp_path):
+    owner = hold(tmp_path / "sweep")
+    try:
+        with pytest.raises(ConfigError, match=r"still running a sweep there.*pass another hydra.sweep.dir"):
+            claims.claim(str(tmp_path / "sweep"), "hydra.sweep.dir", what="sweep")
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_tasks_that_share_their_jobs_directory_are_not_asked(tmp_path, monkeypatch):
+    owner = hold(tmp_path / "job")
+    try:
+        argv = [f"hydra.run.dir={tmp_path / 'job'}"]
+        worker = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(worker))
+        assert claims.in_use_problem(argv) == ""
+        monkeypatch.setenv("TF_CONFIG", json.dumps({**worker, "task": {"type": "worker", "index": 0}}))
+        assert "is in use" in claims.in_use_problem(argv)  # worker 0 is the chief: it owns the directory
+        monkeypatch.delenv("TF_CONFIG")
+        monkeypatch.setenv("SLURM_STEP_ID", "0")
+        assert claims.in_use_problem(argv) == ""
+        monkeypatch.delenv("SLURM_STEP_ID")
+        assert claims.in_use_problem(["--cfg", "job", *argv]) == ""
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_resume_brings_back_the_first_commands_overrides(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- train.epochs=100\n- strategy=mirrored\n- +extra.key=1\n- resume=old\n")
+    assert with_resumed_overrides([f"resume={run_dir}"]) == [
+        "train.epochs=100",
+        "strategy=mirrored",
+        "+extra.key=1",
+        f"resume={run_dir}",
+    ]
+    # an override given now wins; flags keep their place; the saved ones go just before resume=
+    assert with_resumed_overrides(["--cfg", "job", "train.epochs=200", f"resume={run_dir}"]) == [
+        "--cfg",
+        "job",
+        "train.epochs=200",
+        "strategy=mirrored",
+        "+extra.key=1",
+        f"resume={run_dir}",
+    ]
+    assert with_resumed_overrides([f"resume={tmp_path / 'nothing'}"]) == [f"resume={tmp_path / 'nothing'}"]
+    assert with_resumed_overrides(["-m", f"resume={run_dir}"]) == ["-m", f"resume={run_dir}"]
