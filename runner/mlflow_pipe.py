@@ -47,7 +47,7 @@ class Pipe:
         # It dies with the thread that starts it (procs.popen): only the main thread lives as long as the run. A
         # restart from the sender thread is a plain child, which ends when its stdin closes with this process.
         main = threading.current_thread() is threading.main_thread()
-        self.proc = procs.popen(argv, **options) if main else subprocess.Popen(argv, **options)
+        self.proc = procs.popen(argv, deaf=True, **options) if main else procs.popen_deaf(argv, **options)
         self._gone: str | None = None
         self._reader = threading.Thread(target=self._read, args=(self.proc,), name="mlflow-pipe", daemon=True)
         self._reader.start()

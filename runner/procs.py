@@ -25,21 +25,38 @@ if sys.platform.startswith("linux"):  # resolved here, before any fork: the chil
         _prctl = None
 
 
-def _die_with(parent: int):
+def _deaf() -> None:
+    """In a helper child before exec: SIGINT and SIGTERM ignored from its first instruction on (an ignored signal
+    stays ignored across exec, and Python then installs no KeyboardInterrupt handler). A terminal's Ctrl-C reaches
+    the whole process group; the training process decides what happens, and its helpers end with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _preexec(parent: int | None, deaf: bool):
     def preexec() -> None:
-        if _prctl is not None:
+        if deaf:
+            _deaf()
+        if parent is not None and _prctl is not None:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the line above took effect
-            os._exit(137)
+            if os.getppid() != parent:  # the parent died before the line above took effect
+                os._exit(137)
 
     return preexec
 
 
-def popen(argv, **kwargs) -> subprocess.Popen:
-    """subprocess.Popen whose child gets SIGKILL when this process (the forking thread) dies."""
-    if _prctl is not None:
-        kwargs["preexec_fn"] = _die_with(os.getpid())
+def popen(argv, *, deaf: bool = False, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen whose child gets SIGKILL when this process (the forking thread) dies. `deaf`: a helper
+    (the sentinel, the MLflow process) that ignores SIGINT and SIGTERM."""
+    if _prctl is not None or deaf:
+        kwargs["preexec_fn"] = _preexec(os.getpid() if _prctl is not None else None, deaf)
     return subprocess.Popen(argv, **kwargs)
+
+
+def popen_deaf(argv, **kwargs) -> subprocess.Popen:
+    """A helper that ignores SIGINT and SIGTERM but does not die with the forking thread (started from a thread
+    that may end first; it ends when its stdin closes)."""
+    return subprocess.Popen(argv, preexec_fn=_preexec(None, True), **kwargs)
 
 
 def _stat(pid: int) -> list | None:

@@ -71,6 +71,7 @@ class Sentinel:
         env = dict(os.environ, MLFLOW_TRACKING_URI=getattr(self.run, "tracking_uri", "") or "")  # not in argv: credentials
         self.proc = procs.popen(
             [sys.executable, "-m", "runner.watchdog", str(os.getpid()), str(read)],
+            deaf=True,  # it hears this process's signals through the wakeup pipe, not its own
             stdin=subprocess.PIPE,
             env=env,
             pass_fds=(read,),

@@ -90,7 +90,10 @@ class LiveRun:
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
         env["PYTHONUNBUFFERED"] = "1"
         argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={tracking_uri}"]
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # a session of its own, as a terminal gives a command: ctrl_c() reaches its whole process group
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         self.lines, self._queue = [], queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -116,6 +119,12 @@ class LiveRun:
             if predicate(line):
                 return line
         raise AssertionError("expected line never came; output:\n" + "".join(self.lines[-60:]))
+
+    def ctrl_c(self):
+        """What a terminal's Ctrl-C does: SIGINT to every process of the command's process group."""
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGINT)
 
     def finish(self, timeout):
         """(exit code, whole output)."""

@@ -134,6 +134,14 @@ def test_a_resumed_run_starts_inside_its_epoch():
     assert job.checkpoints.saved == [20]  # no checkpoint.every_n_steps: each epoch's end
 
 
+def test_a_run_resumed_off_the_logging_grid_logs_on_it():
+    job = make_job(checkpoints=Checkpoints(start=11))  # stopped 1 step into epoch 2 (logged at 4, 8, 10 before)
+    trainer = FakeTrainer(steps_per_call=1)
+    trainer.step = 11
+    loop.run(job, trainer)
+    assert [step for step, values in job.reporter.logged if "loss" in values] == [14, 18, 20]  # not 15, 19
+
+
 def test_a_stop_request_saves_at_the_next_sync_and_stops():
     checkpoints = Checkpoints()
     job = make_job(checkpoints=checkpoints)

@@ -66,7 +66,9 @@ def checkpoint_finite(prefix) -> bool:
 
 
 def _interrupt(runner, name, args, signum):
-    """Start a long run, signal it once it has logged a few hundred steps; returns (exit code, output, last step seen)."""
+    """Start a long run, signal it once it has logged a few hundred steps; returns (exit code, output, last step seen).
+    SIGINT goes to the whole process group, as a terminal's Ctrl-C does (the sentinel and the MLflow process get it
+    too); SIGTERM to the runner's process alone, as a scheduler's notice does."""
     live = LiveRun(
         [*args, f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"],
         runner.root,
@@ -79,7 +81,7 @@ def _interrupt(runner, name, args, signum):
     epoch = int(re.search(r"[Ee]poch (\d+)/400", line).group(1))
     # the step of the line that was seen (not the largest step number of any epoch's lines so far)
     seen = re.search(r"step (\d+)/64", line)
-    live.proc.send_signal(signum)
+    live.ctrl_c() if signum == signal.SIGINT else live.proc.send_signal(signum)
     code, output = live.finish(timeout=90)
     return code, output, (epoch - 1) * 64 + (int(seen.group(1)) if seen else 0)
 
@@ -114,16 +116,32 @@ def test_sigterm_checkpoints_at_once_and_the_rerun_resumes_there(runner, executo
     steps = [m.step for m in history(runner.uri, run.info.run_id, "loss/replica_0")]
     assert steps == sorted(set(steps)) and steps[-1] == epochs * 64  # one history, no step twice
     assert [s for s in steps if s > step][0] - step <= 32  # logging picked up right after the checkpoint
+    assert all(s % 32 == 0 for s in steps), (step, [s for s in steps if s > step - 64])  # on the grid, no seam
 
 
-def test_ctrl_c_checkpoints_and_marks_the_run_killed(runner):
+def test_ctrl_c_checkpoints_marks_the_run_killed_and_resume_alone_restores_the_overrides(runner):
     code, output, before = _interrupt(runner, "ctrl-c", [*LONG, "executor=custom_loop"], signal.SIGINT)
     assert code == 130, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]  # none of its helpers either
     step = int(re.search(r"stopped by SIGINT at step (\d+): checkpoint written at step \1", output).group(1))
     assert step >= before
-    assert checkpoint_steps(runner.root / "runs" / "ctrl-c" / "checkpoints")[-1] == step
+    run_dir = runner.root / "runs" / "ctrl-c"
+    assert checkpoint_steps(run_dir / "checkpoints")[-1] == step
+    assert f"Continue with: python -m runner resume={run_dir}" in output
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ctrl-c")
     assert run.info.status == "KILLED"
+    # resume=<dir> alone continues the run as it was started (mirrored over 2 logical CPUs, the custom loop, its
+    # logging grid), not with the defaults; an override given now (train.epochs) replaces the saved one.
+    epochs = step // 64 + 1
+    result = run_runner([f"resume={run_dir}", f"train.epochs={epochs}"], runner.root, run_dir, tracking_uri=runner.uri)
+    assert result.returncode == 0, result.output[-3000:]
+    assert f"resumed from checkpoint at step {step} " in result.output
+    assert "training with a custom loop" in result.output and "over 2 replica(s)" in result.output, result.output[-3000:]
+    assert f"done: {epochs * 64} steps" in result.output
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ctrl-c")
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in history(runner.uri, run.info.run_id, "loss/replica_0")]
+    assert steps[-1] == epochs * 64 and all(s % 32 == 0 for s in steps if s > step), (step, [s for s in steps if s > step - 64])
 
 
 def test_a_preempted_worker_makes_the_cluster_checkpoint_together(runner):

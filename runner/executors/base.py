@@ -178,6 +178,13 @@ def progress_mode(verbose) -> str:
     return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
 
 
+def last_log_point(done: int, every: int) -> int:
+    """Where the logging of an epoch resumed after `done` steps stands: the grid line at or before it (metrics go
+    every train.log_every_n_steps steps from the epoch's start). A run stopped at step 513 then logs at 544, 576 as
+    an uninterrupted one does, not at 545, 577: charts have no seam and steps compare across runs."""
+    return done - done % every
+
+
 def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: dict[str, float]) -> str:
     eps = rates.get("throughput/examples_per_sec")
     speed = f" {eps:,.0f} examples/s" if eps else ""

@@ -11,6 +11,7 @@ from runner.executors.base import (
     Throughput,
     check_loss,
     concrete_per_iterator,
+    last_log_point,
     log,
     progress_line,
     progress_mode,
@@ -119,7 +120,8 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             super().__init__()
             # Tensor logs, read only when reported; parameter_server: remote values, let Keras fetch them.
             tf_private.take_tf_logs(self, not job.parameter_server)
-            self.epoch, self.logged_at, self.ended = 0, initial_step, None
+            self.epoch, self.ended = 0, None
+            self.logged_at = initial_step - initial_step % spe + last_log_point(initial_step % spe, every)
 
         def on_train_begin(self, logs=None):
             meter.start()

@@ -10,7 +10,7 @@ parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has it
 import time
 
 from runner import phases, stopping
-from runner.executors.base import Job, Result, Throughput, check_loss, log, progress_line
+from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line
 
 
 class Trainer:
@@ -107,7 +107,7 @@ def run(job: Job, trainer: Trainer) -> Result:
     with stopping.StopGuard(job) as guard:
         for epoch in range(step // spe, epochs):
             done = step - epoch * spe
-            loss_sum, counted, logged_at = 0.0, 0, done
+            loss_sum, counted, logged_at = 0.0, 0, last_log_point(done, every)
             progress.epoch(epoch)
             while done < spe:
                 n = min(trainer.steps_per_call, spe - done)
