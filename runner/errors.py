@@ -21,3 +21,10 @@ class TrainingError(RunnerError):
     """Training went wrong (the loss became NaN or infinite); the last good checkpoint is kept."""
 
     exit_code = 4
+
+
+class DataError(RunnerError):
+    """The data broke while it was read during training or evaluation (a damaged record, a file cut short, a record
+    unlike its spec); the message names the file where TensorFlow tells, and the last checkpoint is kept."""
+
+    exit_code = 5

@@ -12,7 +12,7 @@ import platform
 
 from omegaconf import DictConfig
 
-from runner import datasets, layout, peers, phases, stopping
+from runner import data_faults, datasets, layout, peers, phases, stopping
 from runner.data_description import describe as describe_data
 from runner.env import native_stderr_captured
 from runner.logged_model import log_mlflow_model
@@ -85,11 +85,14 @@ def run_experiment(cfg: DictConfig) -> dict:
         phases.mark("mlflow start")
         try:
             summary = _train(cfg, tf, devices, cluster, run, sentinel)
-        except Exception as err:  # a peer lost mid-training: exit 3 naming it, not TensorFlow's trace (runner/peers.py)
-            lost = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
-            if lost is None:
+        except Exception as err:  # a peer lost (exit 3) or a damaged record (exit 5), named: not TensorFlow's trace
+            told = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
+            told = told or data_faults.damaged_data(
+                err, cfg.data, getattr(run, "last_step", None), cfg.output_dir, _checkpoints_of(cfg)
+            )
+            if told is None:
                 raise
-            raise lost from err
+            raise told from err  # TensorFlow's trace goes to the run's error.txt (tracking.mlflow_run), not the terminal
         # The process's clock so far, phase by phase (the last phase, ending the run, is only in the log line).
         run.log_metrics(
             {f"time/phase/{name.replace(' ', '_')}_sec": sec for name, sec in phases.durations().items()}, summary["steps"]

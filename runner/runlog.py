@@ -43,6 +43,7 @@ class RunLog:
         self._metrics, self._tags = [], []
         # Steps an earlier, killed attempt already logged (its journal was delivered): not logged twice.
         self.logged_through = logged_through
+        self.last_step: int | None = None  # the last step metrics were logged at (named when the data breaks)
         self._fresh = []  # values logged since the last journal write
         self._journal = journal.Journal(outbox_dir, logged_through) if outbox_dir else None
         self._journaled = self._delivered = 0  # values written to the journal / taken by the store, in order
@@ -60,7 +61,7 @@ class RunLog:
     def log_metrics(self, values: dict[str, float], step: int) -> None:
         # Plain (key, value, timestamp, step) tuples: the cheapest thing to make on the training thread.
         now = int(time.time() * 1000)
-        step = int(step)
+        step = self.last_step = int(step)
         if self.logged_through is not None and step <= self.logged_through:
             return
         rows = [(k, float(v), now, step) for k, v in values.items()]
@@ -247,7 +248,7 @@ class RunLog:
 class NullRun:
     """What a non-chief task reports to: nothing, so each metric is logged once per cluster."""
 
-    run_id = None
+    run_id = last_step = None
 
     def log_metrics(self, values, step):
         pass

@@ -81,6 +81,31 @@ def first_record(path: str) -> bytes | None:
     return data
 
 
+def damage_at(path: str, offset: int) -> tuple[int, str] | None:
+    """(record number, what is wrong) when the record TensorFlow called corrupted or truncated at `offset` of a local
+    TFRecord file is damaged there; None when it is not. TensorFlow gives a record's own offset when its header is
+    bad and the offset of its data (12 bytes on) when the data is: seek from header to header up to it, then check
+    that one record."""
+    import os
+
+    size, n = os.path.getsize(path), 0
+    with open(path, "rb") as f:
+        while (start := f.tell()) <= offset:
+            try:
+                length = _header(f, size)
+            except NotTFRecord as err:
+                return (n, str(err)) if start == offset else None  # before `offset`: TensorFlow would have named it
+            if length is None:
+                return None
+            if offset in (start, start + 12):
+                data = f.read(length)
+                (crc,) = struct.unpack("<I", f.read(4))
+                return (n, f"the data of the record at offset {start} fails its checksum") if masked_crc(data) != crc else None
+            f.seek(length + 4, 1)
+            n += 1
+    return None
+
+
 def write_records(path: str, records) -> int:
     """Write serialized records as a TFRecord file (tests and small files; runner.export uses TensorFlow's writer)."""
     n = 0

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: TensorFlow, `python -m runner` and its clusters
 
@@ -146,6 +146,46 @@ def test_bad_files_stop_before_the_first_step(runner, files, tmp_path):
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
         assert "Traceback" not in result.output
+
+
+def damage_record(path, number) -> int:
+    """Flip a byte in the data of record `number` of a TFRecord file; returns the record's offset."""
+    import struct
+
+    blob = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(number):
+        offset += 16 + struct.unpack("<Q", blob[offset : offset + 8])[0]
+    blob[offset + 12] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    return offset
+
+
+def test_a_record_damaged_mid_file_is_named_and_data_verify_finds_it_first(runner, files, tmp_path):
+    """A checksum broken at record 100 of the second training file: met in the first epoch, it ends the run with
+    exit 5 naming the file and record (not TensorFlow's trace after training); data.verify=true finds it before."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(files / "digits", damaged)
+    offset = damage_record(damaged / "train-00001-of-00004.tfrecord", 100)
+    args = [*tfrecord(damaged), "train.epochs=2", "mlflow.experiment_name=damaged-data"]
+    done = runner.many({"damaged-train": args, "damaged-verify": [*args, "data.verify=true"]})
+    where = f"{damaged}/train-00001-of-00004.tfrecord (data.train_files), record 100"
+    trained = done["damaged-train"]
+    assert trained.returncode == 5 and "Traceback" not in trained.output, trained.output[-3000:]
+    (error,) = [line for line in trained.stderr.splitlines() if line.startswith("Error:")]
+    assert where in error and f"corrupted record at {offset + 12} (DataLossError)" in error, error
+    assert f"python -m runner resume={trained.run_dir}" in error
+    _, run = mlflow_run_by_name(runner.uri, "damaged-data", "damaged-train")
+    assert run.info.status == "FAILED" and "record 100" in run.data.tags["error"]
+    verified = done["damaged-verify"]
+    assert verified.returncode == 5 and "Traceback" not in verified.output, verified.output[-3000:]
+    (error,) = [line for line in verified.stderr.splitlines() if line.startswith("Error:")]
+    assert error.startswith(
+        f"Error: data.verify: {damaged}/train-00001-of-00004.tfrecord (data.train_files) cannot be read at record 100"
+    )
+    assert "nothing was trained" in error and "training with" not in verified.output
 
 
 def consumed(ids_dir):

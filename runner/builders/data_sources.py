@@ -100,6 +100,7 @@ class TFRecordDataConfig(DataConfig):
     shard_policy: str = choice(ShardPolicy, "auto")
     num_parallel_reads: int = ranged(4, ge=1)  # files read at once (interleave)
     record_ids_dir: str | None = None  # debug: log the `id` of every record each replica trains on, one file per task
+    verify: bool = False  # read every record of every file before training: checksums, spec, labels
 
 
 class ColorMode(StrEnum):  # data=image_folder's data.color_mode: the channels images are decoded to

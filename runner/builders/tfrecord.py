@@ -194,7 +194,7 @@ def build_tfrecord_data(cfg, source, train_cfg, num_replicas: int, cluster=None,
         os.makedirs(cfg.record_ids_dir, exist_ok=True)
         task = cluster.task.replace(":", "-") if cluster is not None else "local"
         ids_file = os.path.abspath(os.path.join(cfg.record_ids_dir, f"{task}.txt"))
-    return TFRecordData(
+    data = TFRecordData(
         arrays=None,
         input=cfg.input,
         global_batch_size=gbs,
@@ -212,3 +212,8 @@ def build_tfrecord_data(cfg, source, train_cfg, num_replicas: int, cluster=None,
         worker=_worker_index(cluster),
         ids_file=ids_file,
     )
+    if cfg.verify:
+        from runner.builders.tfrecord_verify import verify
+
+        verify(data)
+    return data
