@@ -43,6 +43,49 @@ OmegaConf.register_new_resolver("runner.fresh_dir", claims.fresh_dir, replace=Tr
 CONFIG_ONLY = claims.CONFIG_ONLY
 
 
+def yaml_problem(err) -> str:
+    """A YAML parser error as one paragraph: the file, line and column, and the parser's reason."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+    reason = ": ".join(str(p) for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p) or str(err)
+    context = getattr(err, "context_mark", None)
+    if context and mark and (context.line, context.column) != (mark.line, mark.column):
+        reason += f" (that began at line {context.line + 1}, column {context.column + 1})"
+    return (
+        f"Error: {where}: this config file is not valid YAML: {reason}. Fix the file (indentation, a missing ':', "
+        "an unclosed bracket or quote); Hydra could not compose the config, so nothing ran."
+    )
+
+
+def _yaml_errors_in_one_paragraph() -> None:
+    """Hydra prints a parser traceback for a config file that is not valid YAML (the error is not one of its own
+    and comes before the job runs, where it strips nothing). Raised as Hydra's composition error instead, it is
+    printed as its message alone, with exit 1, like every other config Hydra cannot compose; HYDRA_FULL_ERROR=1
+    still shows the trace. Hydra has no public hook for this: without the private class, its traceback stays."""
+    import yaml
+    from hydra.errors import ConfigCompositionException
+
+    try:
+        from hydra._internal.config_repository import ConfigRepository
+    except ImportError:
+        return
+    load = ConfigRepository.load_config
+    if getattr(load, "_runner_yaml", False):
+        return
+
+    def load_config(self, config_path):
+        try:
+            return load(self, config_path)
+        except yaml.YAMLError as err:
+            raise ConfigCompositionException(yaml_problem(err)) from err
+
+    load_config._runner_yaml = True
+    ConfigRepository.load_config = load_config
+
+
+_yaml_errors_in_one_paragraph()
+
+
 def output_dir_problem(argv) -> str:
     """Hydra creates the run (or sweep) directory before any runner code runs, and a directory it cannot create
     ends in its traceback: check it first. Returns the error, or ''."""

@@ -102,37 +102,41 @@ def check_data(data, where: str, names: dict | None = None) -> None:
 
 def check_labels(data, where: str, names: dict) -> None:
     for key in ("y_train", "y_eval"):
-        y = getattr(data, key)
-        if y.dtype.kind not in "biu":
-            raise ConfigError(
-                f"{where}: data.task=classification needs integer class labels in {names[key]!r}, got {y.dtype}. "
-                "Use data.task=regression for real-valued targets, or convert the labels to class indices 0..K-1."
-            )
-        if y.ndim > 2 or (y.ndim == 2 and y.shape[1] != 1):
-            raise ConfigError(
-                f"{where}: data.task=classification needs one class index per example in {names[key]!r} (shape (n,) or "
-                f"(n, 1)); it has shape {_shape(y)}. One-hot labels? Save y.argmax(axis=1) instead."
-            )
-        low, high = int(y.min()), int(y.max())
-        if low < 0:
-            raise ConfigError(
-                f"{where}: {names[key]!r} holds the label {low}; class labels must be 0..num_classes-1. Map them to "
-                "class indices first (np.unique(y, return_inverse=True)[1])."
-            )
-        if high >= MAX_CLASSES:
-            raise ConfigError(
-                f"{where}: {names[key]!r} holds the label {high}: a model would need {high + 1} outputs. Class labels must be "
-                "indices 0..num_classes-1; map ids to indices first (np.unique(y, return_inverse=True)[1])."
-            )
-        if data.num_classes is not None and high >= data.num_classes:
-            raise ConfigError(
-                f"{where}: {names[key]!r} holds the label {high}, but there are {data.num_classes} classes "
-                f"(labels 0..{data.num_classes - 1})."
-            )
+        check_label_array(getattr(data, key), names[key], where, data.num_classes)
     if data.num_classes is not None and data.num_classes < 2:
+        arrays = " and ".join(repr(n) for n in dict.fromkeys([names["y_train"], names["y_eval"]]))
         raise ConfigError(
-            f"{where}: data.task=classification needs at least two classes, but every label in {names['y_train']!r} and "
-            f"{names['y_eval']!r} is 0. Check the labels, or use data.task=regression."
+            f"{where}: data.task=classification needs at least two classes, but every label in {arrays} is 0. Check "
+            "the labels, or use data.task=regression."
+        )
+
+
+def check_label_array(y, name: str, where: str, num_classes: int | None = None) -> None:
+    """One array of class labels: integers, one per example, 0..num_classes-1 (or below MAX_CLASSES)."""
+    if y.dtype.kind not in "biu":
+        raise ConfigError(
+            f"{where}: data.task=classification needs integer class labels in {name!r}, got {y.dtype}. "
+            "Use data.task=regression for real-valued targets, or convert the labels to class indices 0..K-1."
+        )
+    if y.ndim > 2 or (y.ndim == 2 and y.shape[1] != 1):
+        raise ConfigError(
+            f"{where}: data.task=classification needs one class index per example in {name!r} (shape (n,) or "
+            f"(n, 1)); it has shape {_shape(y)}. One-hot labels? Save y.argmax(axis=1) instead."
+        )
+    low, high = int(y.min()), int(y.max())
+    if low < 0:
+        raise ConfigError(
+            f"{where}: {name!r} holds the label {low}; class labels must be 0..num_classes-1. Map them to "
+            "class indices first (np.unique(y, return_inverse=True)[1])."
+        )
+    if high >= MAX_CLASSES:
+        raise ConfigError(
+            f"{where}: {name!r} holds the label {high}: a model would need {high + 1} outputs. Class labels must be "
+            "indices 0..num_classes-1; map ids to indices first (np.unique(y, return_inverse=True)[1])."
+        )
+    if num_classes is not None and high >= num_classes:
+        raise ConfigError(
+            f"{where}: {name!r} holds the label {high}, but there are {num_classes} classes (labels 0..{num_classes - 1})."
         )
 
 

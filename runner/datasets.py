@@ -20,6 +20,7 @@ class ArrayData:
     y_eval: np.ndarray
     task: str  # classification | regression
     num_classes: int | None = None
+    held_out: bool = False  # the eval rows were held out of the training arrays: errors about them name those
 
     @property
     def input_shape(self):
@@ -131,17 +132,14 @@ def npz(cfg) -> ArrayData:
                 f"needs 2 or more (or give {cfg.x_eval!r} and {cfg.y_eval!r})."
             )
         splits = _split(x, y, cfg.eval_fraction, cfg.seed)
+    held_out = cfg.x_eval not in arrays
     x_train, x_eval = splits[0].astype(np.float32), splits[2].astype(np.float32)
     if cfg.task == "classification":
-        for name, labels in ((cfg.y_train, y), (cfg.y_eval, splits[3])):
-            if labels.dtype.kind not in "biu":
-                raise ConfigError(
-                    f"data.task=classification needs integer labels in {name!r} of {where}; got {labels.dtype}. "
-                    "Use data.task=regression."
-                )
+        # The file's own label arrays, before the split: a bad label held out for eval is still one of y_train's.
+        data_checks.check_label_array(y, cfg.y_train, where)
+        if not held_out:
+            data_checks.check_label_array(splits[3], cfg.y_eval, where)
         y_all = np.concatenate([splits[1].ravel(), splits[3].ravel()])
-        if y_all.min() < 0 or y_all.max() >= data_checks.MAX_CLASSES:  # named and explained by check_data
-            return ArrayData(x_train, splits[1], x_eval, splits[3], task="classification")
         return ArrayData(
             x_train,
             splits[1].astype(np.int32),
@@ -149,8 +147,10 @@ def npz(cfg) -> ArrayData:
             splits[3].astype(np.int32),
             task="classification",
             num_classes=int(y_all.max()) + 1,
+            held_out=held_out,
         )
-    return ArrayData(x_train, splits[1].astype(np.float32), x_eval, splits[3].astype(np.float32), task="regression")
+    y_train, y_eval = splits[1].astype(np.float32), splits[3].astype(np.float32)
+    return ArrayData(x_train, y_train, x_eval, y_eval, task="regression", held_out=held_out)
 
 
 def describe(cfg) -> str:
@@ -164,5 +164,7 @@ def load(cfg) -> ArrayData:
     if getattr(data, "streamed", False):
         return data  # data=tfrecord: files, checked record by record in runner/tfrecord_source.py, never loaded here
     names = {k: cfg[k] for k in ("x_train", "y_train", "x_eval", "y_eval")} if cfg.name == "npz" else None
+    if names and data.held_out:
+        names.update(x_eval=names["x_train"], y_eval=names["y_train"])
     data_checks.check_data(data, describe(cfg), names)
     return data

@@ -187,27 +187,84 @@ def tf_config_well_formed(cfg):
             f"TF_CONFIG has no 'task' {{'type': ..., 'index': ...}} saying which task this process is: {raw[:200]!r}. "
             f"It should look like {example}."
         )
+    tasks = {job: _tf_config_tasks(job, listed) for job, listed in jobs.items()}
+    for job in ("chief", "evaluator"):  # TensorFlow's own check comes only once the strategy is built
+        if len(tasks.get(job, {})) > 1:
+            raise ConfigError(
+                f"TF_CONFIG's cluster has {len(tasks[job])} {job} tasks ({', '.join(tasks[job].values())}); TensorFlow "
+                f"takes at most one. List the others under 'worker'."
+            )
     kind, index = task["type"], task["index"]
-    if kind != "evaluator" and kind not in jobs:
+    if not isinstance(kind, str) or (kind != "evaluator" and kind not in jobs):
         raise ConfigError(
             f"TF_CONFIG task type {kind!r} is not a job of its cluster; valid types: {', '.join(jobs)} (or evaluator)."
         )
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(
+            f"TF_CONFIG task index {index!r} is not an integer; give this task's position in its job's list as a "
+            f'number ("index": 0, not "0").'
+        )
     if kind in jobs:
-        if not isinstance(index, int) or not 0 <= index < len(jobs[kind]):
+        if index not in tasks[kind]:
             raise ConfigError(
-                f"TF_CONFIG task index {index!r} is out of range: job {kind!r} has {len(jobs[kind])} task(s), "
-                f"so valid indices are 0..{len(jobs[kind]) - 1}."
+                f"TF_CONFIG task index {index!r} is out of range: job {kind!r} has {len(tasks[kind])} task(s), "
+                f"so valid indices are 0..{len(tasks[kind]) - 1}."
             )
-        address = str(jobs[kind][index])
+        address = tasks[kind][index]
         host, _, port = address.rpartition(":")
-        if not port.isdigit():
-            raise ConfigError(f"TF_CONFIG address {address!r} of {kind}:{index} is not host:port.")
+        if port == "0" and sum(map(len, tasks.values())) > 1:
+            raise ConfigError(
+                f"TF_CONFIG gives this task ({kind}:{index}) the address {address}: port 0 lets the system pick any "
+                "port, which the other tasks of the cluster cannot know. Give every task a fixed free port."
+            )
         if local_host(host) and port_in_use(int(port)):
             raise ConfigError(
                 f"TF_CONFIG gives this task ({kind}:{index}) the address {address}, but port {port} is already in use "
                 "on this machine (another task or program holds it). Give every task a free port, or stop the "
                 f"program that holds it (`ss -ltnp | grep :{port}` shows which)."
             )
+
+
+def _digits(text) -> bool:
+    """A non-negative integer written in ASCII digits ("²".isdigit() is True, but int("²") fails)."""
+    return isinstance(text, str) and text.isascii() and text.isdigit()
+
+
+TF_JOBS = ("chief", "worker", "ps", "evaluator")  # the only job names TensorFlow's strategies accept
+
+
+def _tf_config_tasks(job, listed) -> dict[int, str]:
+    """One job of TF_CONFIG's cluster as {index: "host:port"}. TensorFlow takes a list, or a map from index to
+    address ({"0": "host:port", ...}, JSON keys being text); anything else is its TypeError or a hang later."""
+    if job not in TF_JOBS:
+        raise ConfigError(
+            f"TF_CONFIG's cluster has a job {job!r}; TensorFlow knows only {', '.join(TF_JOBS)}. Rename it "
+            "(most clusters are 'worker' tasks, with at most one 'chief')."
+        )
+    if isinstance(listed, list):
+        tasks = dict(enumerate(listed))
+    elif isinstance(listed, dict) and all(_digits(i) for i in listed):
+        tasks = {int(i): address for i, address in listed.items()}
+        if sorted(tasks) != list(range(len(tasks))):  # TensorFlow counts a job's tasks: index n needs n+1 of them
+            raise ConfigError(
+                f"TF_CONFIG's cluster numbers the {job!r} tasks {', '.join(map(str, sorted(tasks)))}; the indices of a "
+                f"job's {len(tasks)} task(s) must be 0..{len(tasks) - 1}, each once."
+            )
+    else:
+        raise ConfigError(
+            f'TF_CONFIG\'s cluster lists the {job!r} tasks as {json.dumps(listed)[:200]}; give a list of "host:port" '
+            f'addresses (["host1:2222", "host2:2222"]) or a map from task index to address ({{"0": "host1:2222"}}).'
+        )
+    if not tasks:
+        raise ConfigError(f"TF_CONFIG's cluster lists no {job!r} tasks; give each one's \"host:port\", or drop the job.")
+    for i, address in sorted(tasks.items()):
+        host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+        if not host or not _digits(port) or not 0 <= int(port) <= 65535:
+            raise ConfigError(
+                f"TF_CONFIG address {address!r} of {job}:{i} is not host:port (a host name or IP address, a colon, "
+                'and a port number 1..65535), e.g. "10.0.0.1:2222".'
+            )
+    return tasks
 
 
 @probe

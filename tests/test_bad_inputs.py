@@ -7,9 +7,11 @@ created is FAILED with the error), and no process left behind. (a) checks the ch
 inputs with Hypothesis, and runs a bounded number of them through the real `python -m runner`.
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -169,6 +171,38 @@ def test_data_checks_name_the_array_and_value(data, needles):
         assert needle in str(err.value), str(err.value)
 
 
+def _held_out_rows(n=64, fraction=0.2, seed=0):
+    """The rows of an n-row file that data=npz holds out for eval (data.eval_fraction, data.seed)."""
+    return np.random.default_rng(seed).permutation(n)[: max(1, round(n * fraction))]
+
+
+def _labels_bad_only_where_held_out(bad):
+    y = np.arange(64) % 2
+    y[_held_out_rows()] = bad
+    return y
+
+
+@pytest.mark.parametrize(
+    "y_train,needles",
+    [
+        (_labels_bad_only_where_held_out(-1), ["'y_train' holds the label -1"]),
+        (_labels_bad_only_where_held_out(10**9), ["'y_train' holds the label 1000000000"]),
+        (np.eye(64, 2, dtype=np.int64), ["in 'y_train'", "shape (64, 2)"]),  # the file's shape, not the split's
+        (np.zeros(64, np.int64), ["every label in 'y_train' is 0"]),
+    ],
+)
+def test_labels_of_a_file_without_eval_arrays_are_named_as_the_files(tmp_path, y_train, needles):
+    """No x_eval/y_eval in the file: the runner holds out part of y_train, and a bad label there is y_train's."""
+    path = tmp_path / "train-only.npz"
+    np.savez(path, x_train=np.zeros((64, 3), np.float32), y_train=y_train)
+    cfg = OmegaConf.merge(OmegaConf.structured(schema.NpzDataConfig), {"name": "npz", "path": str(path)})
+    with pytest.raises(ConfigError) as err:
+        datasets.load(cfg)
+    for needle in [f"data.path={str(path)!r}", *needles]:
+        assert needle in str(err.value), str(err.value)
+    assert "y_eval" not in str(err.value) and "x_eval" not in str(err.value)
+
+
 def test_memory_estimate_refuses_only_what_clearly_does_not_fit():
     data_checks.check_batch_memory(256, 84, "data=synthetic", available=2**30)
     with pytest.raises(ConfigError, match=r"train.global_batch_size=10000000 would need about .* 1.0 GiB available"):
@@ -241,6 +275,116 @@ def test_every_out_of_range_value_is_refused_naming_its_key(base_cfg, key, data)
     OmegaConf.update(cfg, key, value, force_add=False)
     message = assert_refused(cfg, key)
     assert repr(value) in message or str(value) in message, message
+
+
+# --- TF_CONFIG: the pre-flight probe, in-process (runner/preflight.py) ---------------------------------------------
+@pytest.fixture(scope="module")
+def tf_config_cfg():
+    return composed("cluster=tf_config", "strategy=multi_worker_mirrored")
+
+
+def _probe_tf_config(cfg, spec):
+    from runner.preflight import tf_config_well_formed
+
+    with mock.patch.dict(os.environ, {"TF_CONFIG": spec if isinstance(spec, str) else json.dumps(spec)}):
+        tf_config_well_formed(cfg)
+
+
+def _worker(index, **cluster):
+    return {"cluster": cluster, "task": {"type": "worker", "index": index}}
+
+
+@pytest.mark.parametrize(
+    "spec,needles",
+    [
+        (_worker(0, worker={"1": "127.0.0.1:2222"}), ["numbers the 'worker' tasks 1", "must be 0..0"]),
+        (_worker(2, worker={"0": "127.0.0.1:2222", "1": "127.0.0.1:2223"}), ["task index 2 is out of range", "0..1"]),
+        (_worker(0, worker={"a": "127.0.0.1:2222"}), ["lists the 'worker' tasks as", "a map from task index"]),
+        (_worker(0, worker="127.0.0.1:2222"), ["lists the 'worker' tasks as \"127.0.0.1:2222\"", "a list"]),
+        (_worker(0, worker=["127.0.0.1:99999"]), ["'127.0.0.1:99999' of worker:0 is not host:port", "1..65535"]),
+        (_worker(0, worker=["127.0.0.1:2222", "127.0.0.1:70000"]), ["'127.0.0.1:70000' of worker:1"]),
+        (_worker(0, worker=["127.0.0.1"]), ["'127.0.0.1' of worker:0 is not host:port"]),
+        (_worker(0, worker=[":2222"]), ["':2222' of worker:0 is not host:port"]),
+        (_worker(0, worker=[2222]), ["address 2222 of worker:0 is not host:port"]),
+        (_worker(0, worker=["127.0.0.1:²"]), ["is not host:port"]),  # "²".isdigit(), but int("²") fails
+        (_worker(0, worker=["127.0.0.1:0", "127.0.0.1:2223"]), ["port 0 lets the system pick", "fixed free port"]),
+        (_worker(0, worker=[]), ["lists no 'worker' tasks"]),
+        (_worker(0, chief=["h1:2222", "h2:2222"], worker=["h3:2222"]), ["has 2 chief tasks (h1:2222, h2:2222)", "at most one"]),
+        (_worker(0, worker=["h1:2222"], evaluator=["h2:2222", "h3:2222"]), ["has 2 evaluator tasks"]),
+        (_worker(0, worker=["h1:2222"], trainer=["h2:2222"]), ["has a job 'trainer'", "chief, worker, ps, evaluator"]),
+        (_worker("0", worker=["h1:2222"]), ["task index '0' is not an integer"]),
+        (_worker(True, worker=["h1:2222"]), ["task index True is not an integer"]),
+        (_worker(-1, worker=["h1:2222"]), ["task index -1 is out of range", "0..0"]),
+        (_worker(0.0, worker=["h1:2222"]), ["task index 0.0 is not an integer"]),
+        ({"cluster": {"worker": ["h1:2222"]}, "task": {"type": ["worker"], "index": 0}}, ["task type ['worker'] is not a job"]),
+        ({"cluster": {}, "task": {"type": "worker", "index": 0}}, ["TF_CONFIG has no 'cluster'"]),
+    ],
+)
+def test_malformed_tf_configs_are_refused_naming_the_task_or_address(tf_config_cfg, spec, needles):
+    with pytest.raises(ConfigError) as err:
+        _probe_tf_config(tf_config_cfg, spec)
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_tasks_listed_by_index_pass_like_a_list(tf_config_cfg):
+    """TensorFlow takes {"0": address, ...} as well as a list (JSON keys are text)."""
+    _probe_tf_config(tf_config_cfg, _worker(1, worker={"1": "10.0.0.2:2222", "0": "10.0.0.1:2222"}))
+    _probe_tf_config(tf_config_cfg, _worker(0, chief=["10.0.0.1:2222"], worker=["10.0.0.2:2222"], ps={"0": "10.0.0.3:2222"}))
+    _probe_tf_config(tf_config_cfg, _worker(0, worker=["127.0.0.1:0"]))  # one task alone: nobody needs its port
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 70000) | st.floats(allow_nan=False) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+_ports = st.integers(-1, 70000).map(str) | st.sampled_from(["", "x", "²", "22a", "0"])
+_addresses = st.builds("{}:{}".format, st.sampled_from(["127.0.0.1", "localhost", "10.0.0.1", "", "h"]), _ports) | _json
+_job_tasks = (
+    st.lists(_addresses, max_size=3)
+    | st.dictionaries(st.sampled_from(["0", "1", "2", "x", "-1", "²", "01"]), _addresses, max_size=3)
+    | _json
+)
+_jobs = st.sampled_from(["worker", "chief", "ps", "evaluator", "chef"])
+_tf_configs = (
+    st.fixed_dictionaries(
+        {
+            "cluster": st.dictionaries(_jobs, _job_tasks, max_size=3) | _json,
+            "task": st.fixed_dictionaries({"type": _jobs | _json, "index": st.integers(-2, 4) | _json}) | _json,
+        }
+    )
+    | _json
+)
+
+
+def by_index_of(tasks):
+    return dict(enumerate(tasks)) if isinstance(tasks, list) else {int(i): a for i, a in tasks.items()}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=_tf_configs)
+def test_any_tf_config_is_refused_in_one_paragraph_or_is_what_tensorflow_takes(tf_config_cfg, spec):
+    try:
+        _probe_tf_config(tf_config_cfg, json.dumps(spec))
+    except ConfigError as err:
+        assert "\n" not in str(err) and str(err).startswith("TF_CONFIG"), str(err)
+        return
+    # Let through: what TensorFlow's ClusterSpec and validate_cluster_spec need, and this task's address.
+    cluster, task = spec["cluster"], spec["task"]
+    assert cluster and set(cluster) <= {"chief", "worker", "ps", "evaluator"}
+    for tasks in cluster.values():
+        by_index = by_index_of(tasks)
+        assert by_index and sorted(by_index) == list(range(len(by_index)))  # ClusterSpec int()s a map's keys
+        addresses = by_index.values()
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            assert host and port.isascii() and port.isdigit() and int(port) <= 65535
+    assert all(len(by_index_of(cluster.get(job, []))) <= 1 for job in ("chief", "evaluator"))
+    assert type(task["index"]) is int
+    assert task["type"] == "evaluator" or 0 <= task["index"] < len(by_index_of(cluster[task["type"]]))
 
 
 @pytest.mark.slow  # end to end: runs `python -m runner` for each drawn case

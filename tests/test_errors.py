@@ -34,6 +34,11 @@ ROWS = {
     "unknown-strategy-argument": Row(
         ["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]
     ),
+    "config-file-not-yaml": Row(
+        ["--config-dir", "{tmp}/conf", "model=broken"],
+        1,
+        ["Error: {tmp}/conf/model/broken.yaml, line 3, column 5: this config file is not valid YAML", "expected ','"],
+    ),
     # runner/validate.py (exit 2): no TensorFlow import
     "zero-epochs": Row(["train.epochs=0"], 2, ["train.epochs=0 must be a positive integer"]),
     "negative-steps": Row(["train.steps_per_epoch=-5"], 2, ["train.steps_per_epoch=-5 must be 1 or more, or null"]),
@@ -99,6 +104,31 @@ ROWS = {
         env={
             "TF_CONFIG": json.dumps(
                 {"cluster": {"worker": ["127.0.0.1:{busy}", "127.0.0.1:{free}"]}, "task": {"type": "worker", "index": 0}}
+            )
+        },
+    ),
+    "tf-config-tasks-by-index": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["TF_CONFIG's cluster numbers the 'worker' tasks 1", "must be 0..0"],
+        env={"TF_CONFIG": json.dumps({"cluster": {"worker": {"1": "127.0.0.1:{free}"}}, "task": {"type": "worker", "index": 0}})},
+    ),
+    "tf-config-port-out-of-range": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["TF_CONFIG address '127.0.0.1:99999' of worker:0 is not host:port", "1..65535"],
+        env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:99999"]}, "task": {"type": "worker", "index": 0}})},
+    ),
+    "tf-config-two-chiefs": Row(
+        MWMS_TF_CONFIG,
+        2,
+        ["TF_CONFIG's cluster has 2 chief tasks", "at most one"],
+        env={
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"chief": ["127.0.0.1:{free}", "127.0.0.1:{busy}"], "worker": ["127.0.0.1:{busy}"]},
+                    "task": {"type": "worker", "index": 0},
+                }
             )
         },
     ),
@@ -186,6 +216,8 @@ def data_dir(tmp_path_factory):
     rng = np.random.default_rng(0)
     np.savez(root / "good.npz", x_train=rng.standard_normal((64, 3)).astype("float32"), y_train=rng.integers(0, 2, 64))
     (root / "corrupt.npz").write_bytes(b"this is not a zip file")
+    (root / "conf" / "model").mkdir(parents=True)
+    (root / "conf" / "model" / "broken.yaml").write_text("_target_: runner.models.mlp\nhidden_units: [8, 4\nname: mine\n")
     return root
 
 
@@ -237,6 +269,19 @@ def test_every_bad_input_gets_a_clear_error(runner, ports, data_dir):
         except AssertionError as err:
             failures.append(f"--- {name}: {err}")
     assert not failures, "\n".join(failures)
+
+
+# Rows that end before TensorFlow (sub-second): also in the fast tier, where the whole matrix above is not.
+BEFORE_TF = ["config-file-not-yaml", "tf-config-tasks-by-index", "tf-config-port-out-of-range", "tf-config-two-chiefs"]
+
+
+@pytest.mark.parametrize("name", BEFORE_TF)
+def test_bad_config_files_and_tf_configs_fail_before_tensorflow(name, ports, data_dir, tmp_path):
+    values, row = {**ports, "tmp": str(data_dir)}, ROWS[name]
+    env = {k: fill(v, values) for k, v in row.env.items()}
+    result = run_runner([fill(a, values) for a in row.args], cwd=tmp_path, run_dir=tmp_path / "run", env_extra=env)
+    assert_clean_failure(result, row.code, *[fill(n, values) for n in row.needles])
+    assert len([p for p in result.stderr.split("\n\n") if p.strip()]) <= 2  # the paragraph (+ Hydra's HYDRA_FULL_ERROR hint)
 
 
 def test_the_matrix_in_the_docs_is_the_matrix_tested():
