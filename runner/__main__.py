@@ -9,12 +9,16 @@ import sys  # noqa: E402
 from runner import teardown  # noqa: E402
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
 from runner.claims import in_use_problem  # noqa: E402
+from runner.errors import ConfigError  # noqa: E402
 
 
 def cli() -> None:
     """What runs before Hydra: resume='s saved overrides, and the checks of directories Hydra writes into first."""
-    sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
-    problem = output_dir_problem(sys.argv[1:]) or in_use_problem(sys.argv[1:])
+    try:
+        sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
+        problem = output_dir_problem(sys.argv[1:]) or in_use_problem(sys.argv[1:])
+    except ConfigError as err:
+        problem = str(err)
     if problem:
         print(f"Error: {problem}", file=sys.stderr)
         sys.exit(2)

@@ -1,5 +1,6 @@
 """Hydra entry point. Config-only paths (--help, --cfg, validation) never import TensorFlow."""
 
+import glob
 import importlib
 import json
 import logging
@@ -11,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import claims, contract, layout, registry, schema
 from runner.builders import strategy_auto
-from runner.errors import RunnerError
+from runner.errors import ConfigError, RunnerError
 from runner.probes import writable_dir_problem
 from runner.stopping import Stopped
 from runner.validate import validate
@@ -114,7 +115,7 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
     <dir>/.hydra/overrides.yaml) come back, placed before resume=, and any override given now for the same key
     replaces its old value (resume=<dir> train.epochs=200 trains longer). Without them a run started with
     train.epochs=100 would be continued with the defaults. Hydra writes the merged list back, so it holds for the
-    next resume too."""
+    next resume too. A saved value whose secret was masked (`redact_hydra_files`) must be given again: ConfigError."""
     if "-m" in argv or "--multirun" in argv:
         return argv
     at = max((i for i, a in enumerate(argv) if a.startswith("resume=")), default=None)
@@ -128,13 +129,48 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
         parser = OverridesParser.create()
         given = {o.key_or_group for o in parser.parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])}
         keep = [
-            text
+            (text, o.key_or_group)
             for text, o in zip(saved, parser.parse_overrides(saved))
             if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra.")
         ]
     except Exception:  # no such file, or one that is not Hydra's list: resume= is checked (and refused) later
         return argv
-    return [*argv[:at], *keep, *argv[at:]]
+    from runner.redact import MASK
+
+    masked = [key for text, key in keep if MASK in text]
+    if "mlflow.tracking_uri" in masked and os.environ.get(contract.TRACKING_URI):
+        masked.remove("mlflow.tracking_uri")
+        keep = [(text, key) for text, key in keep if key != "mlflow.tracking_uri"]  # the environment's store
+    if masked:
+        raise ConfigError(
+            f"{argv[at]}: the first run gave {', '.join(masked)} with a password or token, which its run directory "
+            f"keeps masked ({MASK}). Give {'them' if len(masked) > 1 else 'it'} again with resume= ("
+            + " ".join(f"{key}=..." for key in masked)
+            + ("), or set MLFLOW_TRACKING_URI." if "mlflow.tracking_uri" in masked else ").")
+        )
+    return [*argv[:at], *(text for text, _ in keep), *argv[at:]]
+
+
+def redact_hydra_files(*directories) -> None:
+    """Hydra writes the command line's overrides into .hydra/ (config.yaml, hydra.yaml, overrides.yaml) and a sweep's
+    multirun.yaml before any runner code runs; a password in an override (mlflow.tracking_uri=https://u:pw@host)
+    would stay there in clear text. Rewrite them masked, as logs, params and tags are (runner/redact.py)."""
+    from runner.redact import redact
+
+    for directory in directories:
+        for path in [
+            *glob.glob(os.path.join(str(directory), layout.HYDRA_DIR, "*.yaml")),
+            os.path.join(str(directory), "multirun.yaml"),
+        ]:
+            try:
+                with open(path) as f:
+                    text = f.read()
+                masked = redact(text)
+                if masked != text:
+                    with open(path, "w") as f:
+                        f.write(masked)
+            except OSError:
+                continue
 
 
 def run(cfg: DictConfig) -> dict:
@@ -171,7 +207,12 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    from runner.redact import redact, redact_logs
+
+    redact_logs()
+    hydra_cfg = HydraConfig.get()
+    redact_hydra_files(hydra_cfg.runtime.output_dir, *([hydra_cfg.sweep.dir] if hydra_cfg.mode == RunMode.MULTIRUN else []))
+    if hydra_cfg.mode == RunMode.MULTIRUN:
         if os.environ.get(contract.SWEEP_JOB):  # the sweep passes hydra.mode=RUN; this is the backstop against a fork bomb
             print(
                 "Error: a job of a sweep was started as a sweep itself (hydra.mode=MULTIRUN); refusing to start "
@@ -188,11 +229,11 @@ def main(cfg: DictConfig) -> float | None:
         launched = os.environ.get(contract.ATTACH_RUN)  # a task of cluster=localhost: the launcher says what to do next
         hint = f" Continue with: python -m runner resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
         marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
-        print(f"Stopped: {err}{marked}{hint}", file=sys.stderr)
+        print(redact(f"Stopped: {err}{marked}{hint}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except RunnerError as err:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
-        print(f"Error: {err}", file=sys.stderr)
+        print(redact(f"Error: {err}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print("Interrupted: the MLflow run is marked KILLED and every task was stopped.", file=sys.stderr)

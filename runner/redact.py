@@ -1,6 +1,7 @@
 """Keep secrets out of logs, MLflow params and tags: credentials in URIs, and values of secret-looking
 environment variables (names containing TOKEN, KEY, SECRET, PASSWORD...)."""
 
+import logging
 import os
 import re
 
@@ -38,3 +39,21 @@ def redact(text: str) -> str:
 def redact_mapping(items: dict[str, str]) -> dict[str, str]:
     """Params or tags: a secret-looking key gets its value masked; every other value is redacted."""
     return {k: MASK if is_secret_name(k.rsplit(".", 1)[-1]) else redact(v) for k, v in items.items()}
+
+
+class Redacting(logging.Filter):
+    """On a log handler: every line it writes is redacted (a path or URI built from a secret can reach any message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        return True
+
+
+def redact_logs() -> None:
+    """Redact every line the root logger's handlers (Hydra's console and runner.log) write."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, Redacting) for f in handler.filters):
+            handler.addFilter(Redacting())

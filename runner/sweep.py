@@ -19,8 +19,15 @@ from omegaconf import DictConfig
 
 from runner import claims, contract, slurm_sweep
 from runner.errors import ConfigError
+from runner.redact import redact, redact_mapping
 
 log = logging.getLogger("runner")
+# Hydra's launchers announce every job with its overrides as given: a second line per job, passwords unmasked.
+HYDRA_LAUNCHER_LOGS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+)
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
 
 
@@ -57,7 +64,8 @@ def run_sweep_job(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     job_dir, sweep_dir, num = hc.runtime.output_dir, hc.sweep.dir, hc.job.num
     total = os.environ.get(contract.SWEEP_SIZE) or "?"  # set by SweepCallback in the sweep's process
-    overrides = list(hc.overrides.task)
+    # mlflow.tracking_uri travels in the environment (env below): on a command line `ps` shows its password
+    overrides = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("mlflow.tracking_uri=")]
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
     # Under Hydra's submitit launcher every Slurm task of a job runs this function: task 0 speaks for the job.
     secondary = cfg.cluster.name == "slurm" and os.environ.get("SLURM_PROCID", "0") != "0"
@@ -68,7 +76,7 @@ def run_sweep_job(cfg: DictConfig) -> float:
         except ConfigError as err:  # this job cannot start: it fails as a job with a bad config does
             problem = f"Error: {err}\n"
     if not secondary:
-        log.info("job #%d (%d of %s): %s", num, num + 1, total, " ".join(hc.overrides.task) or "(defaults)")
+        log.info("job #%d (%d of %s): %s", num, num + 1, total, redact(" ".join(hc.overrides.task)) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
     env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN, when there is one
     # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
@@ -154,7 +162,7 @@ def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None
             "error": error[-5000:],
         },
     )
-    params = [Param(k, v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=False)).items()]
+    params = [Param(k, v) for k, v in redact_mapping(flatten(OmegaConf.to_container(cfg, resolve=False))).items()]
     for i in range(0, len(params), 100):
         client.log_batch(run.info.run_id, params=params[i : i + 100])
     client.set_terminated(run.info.run_id, "FAILED")
@@ -176,6 +184,8 @@ class SweepCallback(Callback):
             print(f"Error: {err}", file=sys.stderr)
             sys.exit(err.exit_code)
         logging.getLogger("submitit").addFilter(slurm_sweep.SacctQuiet())
+        for name in HYDRA_LAUNCHER_LOGS:  # each job is announced once, by run_sweep_job, with secrets masked
+            logging.getLogger(name).setLevel(logging.WARNING)
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later
@@ -191,14 +201,14 @@ class SweepCallback(Callback):
             experiment.experiment_id,
             run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
             tags={
-                "sweep.overrides": " ".join(hc.overrides.task),
+                "sweep.overrides": redact(" ".join(hc.overrides.task)),
                 "sweep.jobs": label,
                 "sweep.dir": os.path.abspath(sweep_dir),
             },
         )
         store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
         os.environ[contract.PARENT_RUN] = run.info.run_id  # each job's environment, so its run nests under this one
-        log.info("sweep of %s jobs; MLflow parent run %s (%s)", label, run.info.run_name, run.info.run_id)
+        log.info("sweep of %s jobs into %s; MLflow parent run %s (%s)", label, sweep_dir, run.info.run_name, run.info.run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.report import write_report

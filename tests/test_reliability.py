@@ -324,3 +324,20 @@ def test_secrets_stay_out_of_logs_params_and_tags(mlflow_server, tmp_path):
     assert run.data.params["checkpoint.dir"] == f"{tmp_path}/ckpt-***"  # a config value built from a secret variable
     assert "env.TF_CPP_MIN_LOG_LEVEL" in run.data.tags  # the environment is recorded, minus the secrets
     assert not any(k.endswith(("PASSWORD", "TOKEN", "password")) for k in run.data.tags)
+    # Nor on disk: Hydra's .hydra/*.yaml (written before any runner code) and the log hold the URI masked.
+    on_disk = {p: p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.suffix in (".yaml", ".log")}
+    assert {"config.yaml", "hydra.yaml", "overrides.yaml", "runner.log"} <= {p.name for p in on_disk}
+    for path, text in on_disk.items():
+        assert "url-6d5e4f" not in text and not any(s in text for s in secrets.values()), path
+    assert "mlflow.tracking_uri=http://alice:***@" in on_disk[tmp_path / "run" / ".hydra" / "overrides.yaml"]
+    # resume= restores the first run's overrides, but not a masked password: it must be given again.
+    resume = [sys.executable, "-m", "runner", f"resume={tmp_path / 'run'}", "train.epochs=3"]
+    refused = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert "gave mlflow.tracking_uri with a password or token" in refused.stderr and "mlflow.tracking_uri=..." in refused.stderr
+    again = subprocess.run(
+        [*resume, f"mlflow.tracking_uri={uri}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0 and "done: 3 steps" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    assert not any(s in again.stdout + again.stderr for s in [*secrets.values(), "url-6d5e4f"])  # its "resumed from" line too
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
