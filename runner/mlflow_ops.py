@@ -162,6 +162,7 @@ class SystemMetrics:
 
     def __init__(self, uri: str, run_id: str, every_sec: float, resumed: bool):
         self.monitor = None
+        self._lock, self._said = threading.Lock(), False  # one line at most about the last point, whoever says it
         self._started = threading.Thread(
             target=self._start, args=(uri, run_id, every_sec, resumed), name="system-metrics-start", daemon=True
         )
@@ -197,12 +198,20 @@ class SystemMetrics:
         stopper.start()
         stopper.join(STOP_WAIT_SEC)
         if stopper.is_alive():
-            log.warning("system metrics: the last point was not logged within %.0fs; left behind", STOP_WAIT_SEC)
+            self._once("system metrics: the last point was not logged within %.0fs; left behind", STOP_WAIT_SEC)
         return getattr(monitor, "_logging_step", 0)
 
-    @staticmethod
-    def _finish(monitor) -> None:
-        monitor.finish()  # stops its thread and flushes the points it has
-        if any(m.metrics for m in monitor.monitors):
-            monitor.publish_metrics(monitor.aggregate_metrics())
-            monitor.mlflow_logger.flush()
+    def _finish(self, monitor) -> None:
+        try:
+            monitor.finish()  # stops its thread and flushes the points it has
+            if any(m.metrics for m in monitor.monitors):
+                monitor.publish_metrics(monitor.aggregate_metrics())
+                monitor.mlflow_logger.flush()
+        except Exception as err:  # a server that is down: the run still ends, and its own metrics are kept
+            self._once("system metrics: the last point was not logged (%s)", _first_line(err))
+
+    def _once(self, message: str, *args) -> None:
+        with self._lock:
+            said, self._said = self._said, True
+        if not said:
+            log.warning(message, *args)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import layout, registry
+from runner import contract, layout, registry, store
 from runner.errors import ConfigError
 from runner.probes import local_host, port_in_use, tracking_problem, writable_dir_problem
 from runner.redact import redact_uri
@@ -267,10 +267,26 @@ def _tf_config_tasks(job, listed) -> dict[int, str]:
     return tasks
 
 
+def _opens_the_store(cfg) -> bool:
+    """Whether this process opens the MLflow store itself: not a task attached to its launcher's run, nor a
+    tf_config task other than the chief (its store may be on another host)."""
+    if os.environ.get(contract.ATTACH_RUN):
+        return False
+    if cfg.cluster.name == "tf_config":
+        return layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG"))
+    return cfg.cluster.name in ("local", "tpu") or bool(registry.selected(cfg, "cluster").caps.launcher)
+
+
 @probe
 def tracking_server_reachable(cfg):
     uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not (cfg.mlflow.enabled and uri):
+    if not cfg.mlflow.enabled:
+        return
+    path = store.sqlite_path(uri or "sqlite:///mlflow.db")  # MLflow's default (runner/tracking.py)
+    if path and _opens_the_store(cfg):  # a store MLflow cannot write: refused now, not after its retries (~110 s)
+        key = "mlflow.tracking_uri" if cfg.mlflow.tracking_uri else "MLFLOW_TRACKING_URI" if uri else None
+        store.check_sqlite(path, *[key] * bool(key))
+    if not uri:
         return
     problem = tracking_problem(uri)
     if problem:

@@ -157,6 +157,47 @@ def test_system_metrics_without_psutil_are_a_warning(monkeypatch, caplog):
     assert "system metrics are off for this run" in caplog.text and "pip install psutil" in caplog.text
 
 
+def test_system_metrics_whose_last_point_cannot_be_sent_are_one_warning(monkeypatch, caplog, capsys):
+    """Before: `Exception in thread system-metrics-stop:` and five chained tracebacks when the server was down at
+    the end (the run still finished with every point). A send that outlasts the 5 s wait is said once too, not twice."""
+    import time
+
+    from runner import mlflow_ops
+
+    def refused(after):
+        def flush():
+            time.sleep(after)
+            raise ConnectionError("API request to http://127.0.0.1:9/api/log-batch failed\nMax retries")
+
+        return flush
+
+    monkeypatch.setitem(sys.modules, "psutil", None)  # no monitor of MLflow's is started: the fake below is stopped
+    monkeypatch.setattr(mlflow_ops, "STOP_WAIT_SEC", 0.2)
+    for after, line in [
+        (
+            0,
+            "system metrics: the last point was not logged (API request to http://127.0.0.1:9/api/log-batch failed)",
+        ),
+        (0.5, "system metrics: the last point was not logged within 0s; left behind"),  # its failure later: not said again
+    ]:
+        metrics = mlflow_ops.SystemMetrics("sqlite:///unused.db", "run", 1.0, False)
+        metrics._started.join()
+        metrics.monitor = SimpleNamespace(
+            finish=lambda: None,
+            monitors=[SimpleNamespace(metrics={"cpu_utilization_percentage": [3.0]})],
+            aggregate_metrics=lambda: {"cpu_utilization_percentage": 3.0},
+            publish_metrics=lambda metrics: None,
+            mlflow_logger=SimpleNamespace(flush=refused(after)),
+            _logging_step=4,
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="runner"):
+            assert metrics.stop() == 4
+            time.sleep(after + 0.2)  # the thread left behind has failed by now
+        assert [r.getMessage() for r in caplog.records if r.name == "runner"] == [line]
+    assert "Exception in thread" not in capsys.readouterr().err
+
+
 def test_the_training_side_of_these_features_never_imports_mlflow():
     """Describing the data and asking for the model run in the training process, which must not import mlflow
     (seconds of its start-up): they send plain values to the MLflow process."""

@@ -81,6 +81,55 @@ def test_a_damaged_sqlite_file_is_refused_with_the_reason(tmp_path):
     assert "\n" not in message
 
 
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nothing can be written in: a read-only mount as root (root writes through mode bits), else one
+    whose write bits are cleared."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() == 0:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)], capture_output=True).returncode:
+            pytest.skip("root here cannot mount a read-only tmpfs")
+        yield ro
+        subprocess.run(["umount", str(ro)], check=True)
+    else:
+        ro.chmod(0o555)
+        yield ro
+        ro.chmod(0o755)
+
+
+def test_a_store_that_cannot_be_written_is_refused_at_once_naming_it(read_only_dir, sqlite_uri):
+    """Before: refused after MLflow's engine retries, 105-113 s, with the advice to move a file that is not there."""
+    import time
+
+    from hydra import compose, initialize_config_module
+
+    from runner import schema
+    from runner.preflight import tracking_server_reachable
+
+    schema.register()
+    path = read_only_dir / "mlflow.db"
+    begun = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        store.open_client(f"sqlite:///{path}")
+    assert time.monotonic() - begun < 2
+    message = str(err.value)
+    assert message.startswith(f"the MLflow store {path} cannot be used: its directory {read_only_dir} cannot be written (")
+    assert "sqlite:///<dir>/mlflow.db" in message and "mlflow.enabled=false" in message and ".broken" not in message
+    with initialize_config_module(config_module="runner.conf", version_base="1.3"):  # before TensorFlow, in preflight
+        cfg = compose(config_name="config", overrides=[f"mlflow.tracking_uri=sqlite:///{path}"])
+    with pytest.raises(ConfigError, match=f"^the MLflow store {path} cannot be used: .* Point mlflow.tracking_uri at"):
+        tracking_server_reachable(cfg)
+    if os.geteuid() != 0:  # a store that exists but whose file is read-only
+        existing = store.sqlite_path(sqlite_uri)
+        os.chmod(existing, 0o444)
+        try:
+            with pytest.raises(ConfigError, match="the file cannot be written"):
+                store.open_client(sqlite_uri)
+        finally:
+            os.chmod(existing, 0o644)
+
+
 def test_an_unknown_scheme_is_refused_with_the_password_masked():
     with pytest.raises(ConfigError) as err:
         store.open_client("mlfow+typo://alice:hunter2@host/db")
