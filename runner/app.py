@@ -135,6 +135,7 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
         ]
     except Exception:  # no such file, or one that is not Hydra's list: resume= is checked (and refused) later
         return argv
+    _keep_record(argv[at].split("=", 1)[1])
     from runner.redact import MASK
 
     masked = [key for text, key in keep if MASK in text]
@@ -149,6 +150,30 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
             + ("), or set MLFLOW_TRACKING_URI." if "mlflow.tracking_uri" in masked else ").")
         )
     return [*argv[:at], *(text for text, _ in keep), *argv[at:]]
+
+
+_RECORD: dict[str, str] = {}  # this process's resume=<dir>: its .hydra/*.yaml as they were before Hydra rewrote them
+
+
+def _keep_record(directory: str) -> None:
+    """Hydra rewrites <dir>/.hydra/ with this command's overrides before any check runs. A resume that is refused
+    (exit 2: another model, a finished run) must leave the run's record as it was, or the next resume=<dir> alone
+    would bring the refused values back: keep it, to put back on a refusal (`restore_record`)."""
+    for path in glob.glob(os.path.join(directory, layout.HYDRA_DIR, "*.yaml")):
+        try:
+            with open(path) as f:
+                _RECORD[path] = f.read()
+        except OSError:
+            continue
+
+
+def restore_record() -> None:
+    for path, text in _RECORD.items():
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError:
+            continue
 
 
 def redact_hydra_files(*directories) -> None:
@@ -233,6 +258,8 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(err.exit_code)
     except RunnerError as err:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
+        if isinstance(err, ConfigError):
+            restore_record()  # a refused resume= trained nothing: its command is not the run's record
         print(redact(f"Error: {err}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:

@@ -3,12 +3,14 @@
 Every worker saves (MultiWorkerMirroredStrategy needs all of them in the save); only the chief writes
 to the real directory, the others to a scratch one they delete. All restore from the real directory.
 Weights that hold NaN or inf are never saved, so the latest checkpoint is always a good one; a checkpoint damaged
-on disk (a truncated file, a broken `checkpoint` index) is skipped for the previous good one when restoring.
+on disk (a truncated file, a broken `checkpoint` index) is skipped for the previous good one when restoring. Intact
+checkpoints that do not fit the model (another shape) are refused as such, never called damaged: they are kept.
 """
 
 import glob
 import logging
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -17,11 +19,30 @@ from runner.errors import ConfigError, TrainingError
 
 log = logging.getLogger("runner")
 
+# TensorFlow's words for a tensor of the checkpoint whose shape is not the model's variable's
+_SHAPES = re.compile(
+    r"incompatible tensor with shape (?P<saved>\(.*?\)) when attempting to restore variable with shape "
+    r"(?P<model>\(.*?\)) and name (?P<name>\S+?)(?::\d+)?\.?$",
+    re.M,
+)
+
 
 class Checkpoints:
-    def __init__(self, directory: str, is_chief: bool, max_to_keep: int, model, optimizer, before_save=None):
+    def __init__(
+        self,
+        directory: str,
+        is_chief: bool,
+        max_to_keep: int,
+        model,
+        optimizer,
+        before_save=None,
+        model_keys: str = "",
+        run_dir: str | None = None,
+    ):
         import tensorflow as tf
 
+        # named when the checkpoints are of a model of another shape: this run's model config, its output directory
+        self.model_keys, self.run_dir = model_keys, run_dir
         self.before_save = before_save  # the metrics journal, written up to this step first (runner/journal.py)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._model = model
@@ -77,6 +98,8 @@ class Checkpoints:
             try:
                 self._ckpt.restore(prefix).expect_partial()
             except Exception as err:  # truncated or corrupt files: DataLossError, IndexError, ValueError...
+                if _readable(prefix):  # intact files that do not fit this model: moving them out would lose them
+                    raise self._other_model(prefix, err) from err
                 damaged.append(f"{os.path.basename(prefix)} ({type(err).__name__}: {str(err).strip()[:150]})")
                 continue
             if damaged or indexed is None or os.path.abspath(indexed) != os.path.abspath(prefix):
@@ -92,6 +115,24 @@ class Checkpoints:
         raise ConfigError(
             f"no checkpoint in {self.directory} can be read: {'; '.join(damaged)}. Move the damaged ckpt-* files out of "
             "that directory (or the whole directory, to train from step 0), then run again."
+        )
+
+    def _other_model(self, prefix: str, err: Exception) -> ConfigError:
+        said = str(err).strip()
+        shapes = _SHAPES.search(said)
+        what = (
+            f"its variable {shapes['name']} has shape {shapes['saved']} there and {shapes['model']} in the model this run builds"
+            if shapes
+            else f"TensorFlow says: {said[:200]} ({type(err).__name__})"
+        )
+        run_dir = self.run_dir or "<dir>"
+        return ConfigError(
+            f"the checkpoints in {self.directory} are intact, but a model of another shape wrote them "
+            f"({os.path.basename(prefix)}: {what}"
+            + (f"; this run's model: {self.model_keys}" if self.model_keys else "")
+            + "). Keep them. Resuming needs the model config the run was started with: leave the model keys (model=, "
+            f"model.*) out, since resume={run_dir} alone brings back the first run's overrides, or give them as it had "
+            "them (its MLflow run's model.* params). To train a model of another shape, start a new run: leave resume= out."
         )
 
     def _point_index_at(self, good: str, candidates: list[str]) -> None:
@@ -130,3 +171,16 @@ class Checkpoints:
             shutil.rmtree(self._scratch, ignore_errors=True)
             os.makedirs(self._scratch, exist_ok=True)
         return path
+
+
+def _readable(prefix: str) -> bool:
+    """Every tensor of the checkpoint reads back: its files are whole (a truncated data file fails here)."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception:
+        return False
+    return True

@@ -94,6 +94,11 @@ def damaged_data(err: BaseException, data_cfg, step=None, output_dir=None, check
         fix = "Fix the data (or the data.* keys that describe it: features, label, num_classes, image size)"
         if data_cfg.name == "tfrecord":
             fix += "; data.verify=true names the file and record before training"
+        elif data_cfg.name == "image_folder" and "label" not in said:
+            fix = (
+                "Replace or remove the image its decoder refused (TensorFlow does not say which; data.verify_images "
+                "checks each file's header and end before training, not its pixels)"
+            )
     at = f" at step {step}" if step else ""
     resume = f" resume={output_dir}" if output_dir else " resume=<the run's output directory>"
     return DataError(

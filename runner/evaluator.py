@@ -34,15 +34,32 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     # Under the localhost launcher the metrics go into the job's run; elsewhere only to this task's log.
     context = mlflow_run(cfg) if os.environ.get(contract.ATTACH_RUN) else contextlib.nullcontext(NullRun())
     log.info("%s: evaluating checkpoints in %s until step %d", cluster.task, directory, final_step)
-    results = {}
+    state = tf.train.get_checkpoint_state(directory)  # an earlier attempt's (resume=): only its newest, as before
+    results, done = {}, {str(p) for p in (state.all_model_checkpoint_paths[:-1] if state else [])}
     with context as run:
-        for latest in tf.train.checkpoints_iterator(directory):  # each new one, as it appears
-            checkpoint.restore(latest).expect_partial()
-            results = model.evaluate(data.eval_dataset(), return_dict=True, verbose=0)
-            metrics = {f"sidecar/eval_{k}": float(v) for k, v in results.items()}
-            run.log_metrics(metrics, int(step.numpy()))
-            run.flush()
-            log.info("%s: step %d %s", cluster.task, int(step.numpy()), ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        for latest in tf.train.checkpoints_iterator(directory):  # polls: the newest one, as it appears
+            for path in _not_evaluated(tf, directory, latest, done):  # and any written since the last poll
+                done.add(path)
+                try:
+                    checkpoint.restore(path).expect_partial()
+                except (tf.errors.NotFoundError, ValueError):  # removed by checkpoint.max_to_keep meanwhile
+                    log.warning("%s: %s was removed before it could be evaluated", cluster.task, path)
+                    continue
+                results = model.evaluate(data.eval_dataset(), return_dict=True, verbose=0)
+                metrics = {f"sidecar/eval_{k}": float(v) for k, v in results.items()}
+                run.log_metrics(metrics, int(step.numpy()))
+                run.flush()
+                shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+                log.info("%s: step %d %s", cluster.task, int(step.numpy()), shown)
             if int(step.numpy()) >= final_step:
                 break
     return results
+
+
+def _not_evaluated(tf, directory: str, latest: str, done: set) -> list[str]:
+    """The checkpoints of `directory` not evaluated yet, oldest first, up to `latest`: checkpoints_iterator yields
+    only the newest at each poll, and two can be written between polls."""
+    state = tf.train.get_checkpoint_state(directory)
+    paths = [str(p) for p in (state.all_model_checkpoint_paths if state else [])]
+    paths = paths[: paths.index(latest) + 1] if latest in paths else [*paths, latest]
+    return [p for p in paths if p not in done]

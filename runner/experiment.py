@@ -8,17 +8,39 @@ variables and steps, an evaluator evaluates checkpoints, and the rest train. Onl
 import contextlib
 import gc
 import logging
+import os
 import platform
 
 from omegaconf import DictConfig
 
-from runner import data_faults, datasets, layout, peers, phases, stopping
+from runner import contract, data_faults, datasets, layout, peers, phases, stopping
 from runner.data_description import describe as describe_data
 from runner.env import native_stderr_captured
 from runner.logged_model import log_mlflow_model
-from runner.tracking import NullRun, discard_prestarted, mlflow_run
+from runner.tracking import NullRun, discard_prestarted, mlflow_run, where_line
 
 log = logging.getLogger("runner")
+
+
+def _model_keys(cfg: DictConfig) -> str:
+    """This run's model config as overrides (model=mlp model.hidden_units=[64,64] ...), for errors that name it."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    keys = [
+        f"model.{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+        for k, v in model.items()
+        if k != "_target_"
+    ]
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
+    except Exception:  # no Hydra here (a test, a task's own composition): the keys alone
+        choice = None
+    return " ".join([f"model={choice}"] * bool(choice) + keys)
 
 
 def _hydra_overrides():
@@ -99,6 +121,8 @@ def run_experiment(cfg: DictConfig) -> dict:
         )
     phases.mark("mlflow end")  # the last metrics delivered, the run ended
     log.info(phases.summary())
+    if cluster.is_chief and not os.environ.get(contract.ATTACH_RUN):  # a launched task's launcher says it
+        log.info(where_line(run, cfg))
     return summary
 
 
@@ -162,6 +186,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
             model=model,
             optimizer=optimizer,
             before_save=run.sync_journal,
+            model_keys=_model_keys(cfg),
+            run_dir=cfg.output_dir,
         )
     job = Job(
         strategy,

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from runner import contract, layout, procs, stopping
 from runner.errors import ClusterError
-from runner.tracking import mlflow_run
+from runner.tracking import mlflow_run, where_line
 
 log = logging.getLogger("runner")
 POLL_SEC = 0.2
@@ -298,7 +298,9 @@ def launch(cfg: DictConfig, make_tasks=build_tasks, where: str = "127.0.0.1") ->
                 for pump in t.pumps:
                     pump.join(timeout=2)
         log.info("all %d tasks finished", len(tasks))
-        return {**_chief_summary(tasks), "run_id": run.run_id}
+        summary = {**_chief_summary(tasks), "run_id": run.run_id}
+    log.info(where_line(run, cfg))
+    return summary
 
 
 def _chief_summary(tasks: list[Task]) -> dict:

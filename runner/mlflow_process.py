@@ -118,13 +118,14 @@ class Calls:
         from runner import store
         from runner.tracking import flatten
 
-        client, logged_through = self.client, None
+        client, logged_through, previous = self.client, None, None
         if attached or resumed:
             if resumed and outbox.exists(cfg.output_dir):
                 outbox.deliver(client, cfg.output_dir)
             run = client.get_run(attached or resumed)
             if resumed:
                 store.take_over(client, run, cfg.train.epochs, cfg.output_dir, self.owner_pid, explicit=bool(cfg.get("resume")))
+                previous = client.get_run(resumed).info.status  # what a refusal before any step gives back
                 client.update_run(resumed, status="RUNNING")
                 client.set_tag(resumed, "resumed_with", redact(" ".join(overrides)))
             # An earlier attempt killed without a word left its journal: send what the store never got, and do not
@@ -168,7 +169,12 @@ class Calls:
             self.log_text(run.info.run_id, "\n".join(overrides) + "\n", "overrides.txt")
         if not attached:  # the training process ends the run: record it as the owner; fail runs whose owner died
             store.started(client, run, cfg.train.epochs, self.owner_pid)
-        return {"run_id": run.info.run_id, "logged_through": logged_through}
+        return {
+            "run_id": run.info.run_id,
+            "logged_through": logged_through,
+            "experiment_id": run.info.experiment_id,
+            "previous_status": previous if resumed else None,
+        }
 
 
 class _Forward(logging.Handler):

@@ -36,8 +36,11 @@ class RunLog:
         delivery_timeout: float = 120.0,
         outbox_dir: str | None = None,
         logged_through: int | None = None,
+        experiment_id: str | None = None,
+        previous_status: str | None = None,
     ):
-        self._client, self.run_id, self.tracking_uri = client, run_id, uri
+        self._client, self.run_id, self.tracking_uri, self.experiment_id = client, run_id, uri, experiment_id
+        self.previous_status = previous_status  # a continued run's status before this attempt (None: a new run)
         self.owner = owner  # False when attached to the launcher's run: the launcher ends it
         self.flush_every, self.delivery_timeout, self.outbox_dir = flush_every, delivery_timeout, outbox_dir
         self._metrics, self._tags = [], []

@@ -20,7 +20,7 @@ from runner import contract, layout
 from runner.builders import strategy_auto
 from runner.errors import ConfigError
 from runner.mlflow_pipe import Pipe, PipeError
-from runner.redact import is_secret_name, redact_uri
+from runner.redact import is_secret_name, redact, redact_uri
 from runner.runlog import NullRun, RunLog
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3.17's own default: embedded, no server
@@ -99,6 +99,18 @@ def prestart(cfg: DictConfig) -> None:
         _prestarted[uri] = Pipe.spawn(uri)
 
 
+def where_line(run, cfg) -> str:
+    """The run's last line: where its outputs are and how to find its MLflow run (`mlflow runs list
+    --experiment-id` needs the id), and the command that shows it."""
+    parts = [f"outputs in {cfg.output_dir}"] if cfg.output_dir else []
+    if getattr(run, "run_id", None):
+        uri = redact_uri(run.tracking_uri)
+        parts.append(f"MLflow run {run.run_id} in experiment {cfg.mlflow.experiment_name!r} (id {run.experiment_id}) at {uri}")
+        tracking = "" if uri == DEFAULT_URI else f" --tracking-uri '{uri}'"
+        parts.append(f"compare runs with: python -m runner.dashboard{tracking}")
+    return "; ".join(parts)
+
+
 def discard_prestarted() -> None:
     """This process turned out not to log (a server or evaluator task): let its MLflow process go."""
     while _prestarted:
@@ -134,6 +146,12 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
         runlog.set_tags({"stopped_by": getattr(err, "signal_name", "SIGINT")})
         raise
     except BaseException as err:
+        if isinstance(err, ConfigError) and runlog.previous_status:
+            # A continued run refused before any step (another model, a bad value): it stays as it was (FINISHED,
+            # KILLED), with the refusal as a tag, not an error of the run.
+            status = runlog.previous_status
+            runlog.set_tags({"resume_refused": redact(str(err))[:5000]})
+            raise
         runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
         try:
             runlog.log_text("".join(traceback.format_exception(err)), "error.txt")
@@ -204,4 +222,6 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe) -> RunLog:
         delivery_timeout=cfg.mlflow.delivery_timeout_sec,
         outbox_dir=cfg.output_dir,
         logged_through=started["logged_through"],
+        experiment_id=started.get("experiment_id"),
+        previous_status=started.get("previous_status"),
     )

@@ -75,6 +75,9 @@ def test_mwms_workers_agree_and_match_a_single_process(runs, runner, executor):
     assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
     assert "throughput/examples_per_sec" in run.data.metrics
     assert len(client.get_metric_history(run.info.run_id, "loss/replica_1")) == 16  # logged once, by the chief
+    last = result.output.strip().splitlines()[-1]  # said once, by the launcher, after the run ended
+    assert f"outputs in {result.run_dir}; MLflow run {run.info.run_id} in experiment" in last, result.output[-800:]
+    assert sum("; MLflow run " in line for line in result.output.splitlines()) == 1
 
 
 @pytest.mark.parametrize("executor", ["fit", "custom_loop"])
@@ -89,6 +92,7 @@ def test_parameter_server_trains(runs, runner, executor):
     if executor == "fit":  # the side-car evaluator evaluated the final checkpoint like the coordinator did
         history = client.get_metric_history(run.info.run_id, "sidecar/eval_loss")
         final = max(history, key=lambda m: m.step)
+        assert sorted(m.step for m in history) == [8, 16]  # every checkpoint, not only the newest at each poll
         assert final.step == 16
         assert final.value == pytest.approx(run.data.metrics["eval/loss"], rel=1e-4)
     if executor == "custom_loop":

@@ -71,7 +71,9 @@ def test_other_data_errors_are_told_and_everything_else_left_alone():
     cfg = OmegaConf.create({"name": "image_folder"})
     message = str(damaged_data(named("InvalidArgumentError")(LABEL), cfg, 10))
     assert "TensorFlow says: Received a label value of 12 which is outside the valid range of [0, 10). (Invalid" in message
-    assert "Label values" not in message
+    assert "Label values" not in message and "decoder" not in message
+    png = "Graph execution error:\n\nInvalid PNG. Failed to initialize decoder.\n\t [[{{node DecodePng}}]] [Op:x]"
+    assert "Replace or remove the image its decoder refused" in str(damaged_data(named("InvalidArgumentError")(png), cfg))
     eager = "{{function_node __wrapped__IteratorGetNext_device_/job:localhost}} truncated record at 9 [Op:IteratorGetNext] name: "
     assert tf_says(eager) == "truncated record at 9"
     assert damaged_data(named("InvalidArgumentError")("Incompatible shapes: [64,10] vs. [64,3]"), cfg) is None  # the model's

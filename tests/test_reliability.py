@@ -113,6 +113,8 @@ def test_sigterm_checkpoints_at_once_and_the_rerun_resumes_there(runner, executo
     assert f"done: {epochs * 64} steps" in result.output
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
     assert run.info.status == "FINISHED"
+    where = f"outputs in {run_dir}; MLflow run {run.info.run_id} in experiment '{EXPERIMENT}' (id {run.info.experiment_id})"
+    assert where in result.output.splitlines()[-1], result.output[-500:]  # the last line: where to find it all
     steps = [m.step for m in history(runner.uri, run.info.run_id, "loss/replica_0")]
     assert steps == sorted(set(steps)) and steps[-1] == epochs * 64  # one history, no step twice
     assert [s for s in steps if s > step][0] - step <= 32  # logging picked up right after the checkpoint
@@ -130,6 +132,17 @@ def test_ctrl_c_checkpoints_marks_the_run_killed_and_resume_alone_restores_the_o
     assert f"Continue with: python -m runner resume={run_dir}" in output
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ctrl-c")
     assert run.info.status == "KILLED"
+    # A resume refused before any step (a model of another shape) leaves the run as it was: KILLED, its saved
+    # overrides (the next resume= alone brings them back) and its checkpoints untouched.
+    record = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    refused = run_runner([f"resume={run_dir}", "model.hidden_units=[16]"], runner.root, run_dir, tracking_uri=runner.uri)
+    assert refused.returncode == 2 and "are intact, but a model of another shape wrote them" in refused.stderr, refused.output[
+        -3000:
+    ]
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == record
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ctrl-c")
+    assert run.info.status == "KILLED" and "another shape" in run.data.tags["resume_refused"] and "error" not in run.data.tags
+    assert checkpoint_steps(run_dir / "checkpoints")[-1] == step
     # resume=<dir> alone continues the run as it was started (mirrored over 2 logical CPUs, the custom loop, its
     # logging grid), not with the defaults; an override given now (train.epochs) replaces the saved one.
     epochs = step // 64 + 1
@@ -229,6 +242,9 @@ def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow
     code, output = live.finish(timeout=120)
     assert code == 0, output[-3000:]
     assert "python -m runner.deliver" in output and (tmp_path / "gone" / "mlflow_outbox.jsonl").exists()
+    # the system-metrics monitor's last point could not be sent either: one line, not a thread's tracebacks
+    assert "Exception in thread" not in output and "Traceback" not in output
+    assert len([line for line in output.splitlines() if "system metrics:" in line]) <= 1, output[-3000:]
     mlflow_server.start()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     sent = subprocess.run(
