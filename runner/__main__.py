@@ -4,6 +4,7 @@ from runner import env
 
 env.prepare()
 
+import logging  # noqa: E402
 import sys  # noqa: E402
 
 from runner import teardown  # noqa: E402
@@ -22,10 +23,13 @@ def cli() -> None:
     if problem:
         print(f"Error: {problem}", file=sys.stderr)
         sys.exit(2)
+    logging.raiseExceptions = False  # stdout closed early (| head): a log line must not become a traceback
     try:
         main()
     except SystemExit as done:  # Hydra and the runner exit through SystemExit; the code is kept
         teardown.exit(done.code)
+    except BrokenPipeError:  # what was printed was not all read (--help | head): nothing more to say there
+        teardown.exit(teardown.SIGPIPE_EXIT)
     teardown.exit(0)
 
 

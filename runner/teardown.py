@@ -21,8 +21,24 @@ def keep(obj):
     return obj
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
+
+
+def _stdout_flushed() -> None:
+    """Flush stdout; when its reader has gone (| head), point it at /dev/null, or Python's own flush at exit would
+    print `Exception ignored ... BrokenPipeError`."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+
+
 def exit(code) -> None:
     """sys.exit(code), or, after TensorFlow was imported in a process outside a cluster, flush and os._exit(code)."""
+    _stdout_flushed()
     if "tensorflow" not in sys.modules or os.environ.get("TF_CONFIG"):
         sys.exit(code)
     if code is None:

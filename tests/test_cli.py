@@ -156,6 +156,22 @@ def test_help_lists_the_user_groups_not_the_schemas_and_skips_tensorflow():
     assert "TF_LOADED=False" in out
 
 
+def test_help_into_a_reader_that_stops_early_prints_no_traceback():
+    """`python -m runner --help | head -1`: the reader goes away after one line; the rest of --help (150 lines) meets
+    a closed pipe. A pipe smaller than --help makes that certain here: stdout is a socket pair with a tiny buffer."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "--help"], stdout=theirs, stderr=subprocess.PIPE, cwd=ROOT)
+    theirs.close()
+    first = ours.recv(200)
+    ours.close()  # the reader is gone
+    _, err = proc.communicate(timeout=60)
+    assert first.startswith(b"python -m runner")
+    assert proc.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err[-2000:]
+
+
 def test_deliver_refuses_a_directory_that_is_not_a_run(tmp_path):
     missing = tmp_path / "no-such-run"
     (tmp_path / "empty").mkdir()
