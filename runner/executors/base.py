@@ -178,6 +178,10 @@ def progress_mode(verbose) -> str:
     return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
 
 
+def epochs_text(n: int) -> str:
+    return f"{n} epoch" if n == 1 else f"{n} epochs"
+
+
 def last_log_point(done: int, every: int) -> int:
     """Where the logging of an epoch resumed after `done` steps stands: the grid line at or before it (metrics go
     every train.log_every_n_steps steps from the epoch's start). A run stopped at step 513 then logs at 544, 576 as

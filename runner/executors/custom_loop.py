@@ -9,7 +9,7 @@ parameter_server the coordinator's inner loop is runner/executors/ps_loop.py.
 
 from runner import teardown
 from runner.executors import loop
-from runner.executors.base import Job, Result, concrete_per_iterator, progress_mode, replica_metrics
+from runner.executors.base import Job, Result, concrete_per_iterator, epochs_text, progress_mode, replica_metrics
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_step import make_replica_step
 
@@ -101,7 +101,7 @@ class InProcessTrainer(loop.Trainer):
         self.replicas, self.progress = job.replicas, progress_mode(job.executor.verbose)
         self.steps_per_call = min(per_call, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.description = (
-            f"training with a custom loop: {job.train.epochs} epochs x {data.steps_per_epoch} steps "
+            f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
             f"({per_call} per tf.function call), global batch {data.global_batch_size} over "
             f"{job.replicas} replica(s)"
         )

@@ -11,6 +11,7 @@ from runner.executors.base import (
     Throughput,
     check_loss,
     concrete_per_iterator,
+    epochs_text,
     last_log_point,
     log,
     progress_line,
@@ -231,12 +232,14 @@ def run_fit(job: Job) -> Result:
     arrays_in = data.input == "numpy" and not job.parameter_server
     kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
     x, y = fit_input if arrays_in else (fit_input, None)
+    # under parameter_server a step is one worker's batch (num_replicas_in_sync is 1): say how many workers share them
+    spread = f"{job.cluster.num_workers} worker(s)" if job.parameter_server and job.cluster else f"{job.replicas} replica(s)"
     log.info(
-        "training with Model.fit: %d epochs x %d steps, global batch %d over %d replica(s)",
-        job.train.epochs,
+        "training with Model.fit: %s x %d steps, global batch %d over %s",
+        epochs_text(job.train.epochs),
         data.steps_per_epoch,
         data.global_batch_size,
-        job.replicas,
+        spread,
     )
     started = time.perf_counter()
     with StopGuard(job) as guard:
