@@ -5,11 +5,12 @@ from runner import env
 env.prepare()
 
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 
 from runner import teardown  # noqa: E402
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
-from runner.claims import in_use_problem  # noqa: E402
+from runner.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
 
 
@@ -17,7 +18,7 @@ def cli() -> None:
     """What runs before Hydra: resume='s saved overrides, and the checks of directories Hydra writes into first."""
     try:
         sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
-        problem = output_dir_problem(sys.argv[1:]) or in_use_problem(sys.argv[1:])
+        problem = output_dir_problem(sys.argv[1:]) or claim_from_command_line(sys.argv[1:])
     except ConfigError as err:
         problem = str(err)
     if problem:
@@ -30,6 +31,13 @@ def cli() -> None:
         teardown.exit(done.code)
     except BrokenPipeError:  # what was printed was not all read (--help | head): nothing more to say there
         teardown.exit(teardown.SIGPIPE_EXIT)
+    except KeyboardInterrupt as err:  # before the app ran (Hydra composing), or a sweep between its jobs
+        signum = getattr(err, "signum", signal.SIGINT)
+        from runner.sweep import kill_parent_run
+
+        kill_parent_run(signum)
+        print(f"Stopped: {signal.Signals(signum).name} received; nothing was left running.", file=sys.stderr)
+        teardown.exit(128 + signum)
     teardown.exit(0)
 
 

@@ -99,14 +99,20 @@ def output_dir_problem(argv) -> str:
         ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
     )
     key, path = given[-1] if given else default
-    if key == "resume":
-        return ""  # validated later: it must be an output directory of the runner
+    if key == "resume" and not os.path.isdir(os.path.expanduser(path)):
+        from runner.preflight import no_resume_dir
+
+        return no_resume_dir(path)  # here, before Hydra would make it as the run's directory
     problem = writable_dir_problem(path)  # the probe validate.py uses for output and checkpoint directories
-    if problem:
+    if problem and key == "resume":
         return (
-            f"{key}={path} cannot be used as the run's output directory ({problem}). "
-            "Point it at a directory you can write, or run from one."
+            f"resume={path} cannot be continued: the run's directory cannot be written ({problem}), and its "
+            "checkpoints, log and MLflow journal go there. Make it writable, or copy it somewhere writable and resume "
+            "the copy."
         )
+    if problem:
+        what = "the sweep's directory" if sweep else "the run's output directory"
+        return f"{key}={path} cannot be used as {what} ({problem}). Point it at a directory you can write, or run from one."
     return ""
 
 
@@ -121,21 +127,35 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
     at = max((i for i, a in enumerate(argv) if a.startswith("resume=")), default=None)
     if at is None or not argv[at].split("=", 1)[1]:
         return argv
-    try:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        with open(os.path.join(argv[at].split("=", 1)[1], layout.HYDRA_DIR, "overrides.yaml")) as f:
-            saved = [str(o) for o in (OmegaConf.load(f) or [])]
-        parser = OverridesParser.create()
+    directory = argv[at].split("=", 1)[1]
+    path = os.path.join(directory, layout.HYDRA_DIR, "overrides.yaml")
+    if not os.path.isfile(path):
+        return argv  # not a run directory (or not one of the runner's): resume= is checked and refused later
+    parser = OverridesParser.create()
+    try:
         given = {o.key_or_group for o in parser.parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])}
-        keep = [
-            (text, o.key_or_group)
-            for text, o in zip(saved, parser.parse_overrides(saved))
-            if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra.")
-        ]
-    except Exception:  # no such file, or one that is not Hydra's list: resume= is checked (and refused) later
-        return argv
-    _keep_record(argv[at].split("=", 1)[1])
+    except Exception:
+        return argv  # Hydra says what is wrong with the command line itself
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(path))
+        if not isinstance(loaded, list) or not all(isinstance(o, str) for o in loaded):
+            raise ValueError("it is not a list of key=value overrides")
+        parsed = parser.parse_overrides(loaded)
+    except Exception as err:  # empty (a full disk), edited by hand, cut short: resuming with the defaults would be wrong
+        raise ConfigError(
+            f"resume={directory}: {path} cannot be read as the first run's overrides ({str(err).splitlines()[0][:200]}), "
+            "and resuming without them would train with the defaults. Write them back into it, one `- key=value` per "
+            "line as Hydra wrote them (the run's MLflow tag `overrides` holds them), or give them all again with "
+            "resume= after putting `[]` in the file."
+        ) from None
+    keep = [
+        (text, o.key_or_group)
+        for text, o in zip(loaded, parsed)
+        if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra.")
+    ]
+    _keep_record(directory)
     from runner.redact import MASK
 
     masked = [key for text, key in keep if MASK in text]

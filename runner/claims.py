@@ -48,33 +48,38 @@ def fresh_dir(path: str) -> str:
     return chosen
 
 
-def _owner(fd: int) -> str:
+def _owner(fd: int) -> tuple[str, str]:
+    """('process P on this host', 'run' or 'sweep'): what the lock file's holder wrote in it."""
     try:
         words = os.pread(fd, 200, 0).decode(errors="replace").split()
     except OSError:
         words = []
     if len(words) >= 2:
         pid, host = words[0], words[1]
-        return f"process {pid} on {'this host' if host == socket.gethostname() else host}"
-    return "another process"
+        kind = words[2] if len(words) > 2 and words[2] in ("run", "sweep") else "run"
+        return f"process {pid} on {'this host' if host == socket.gethostname() else host}", kind
+    return "another process", "run"
 
 
-def _in_use(directory: str, key: str, owner: str, what: str) -> str:
+def _in_use(directory: str, key: str, holder: tuple[str, str], what: str) -> str:
+    """The refusal: `holder` (who, and whether a run or a sweep) keeps `directory`, which `key` named for a `what`."""
+    who, kind = holder
     if what == "sweep":
         advice = "Wait for it to end, or stop it first (Ctrl-C); for a new sweep, pass another hydra.sweep.dir."
     else:
+        resume = f" and continue it with resume={directory}" if kind == "run" else ""
         advice = (
-            "Wait for it to end, or stop it first (Ctrl-C, or kill with its pid: it checkpoints and ends its MLflow "
-            f"run KILLED) and continue it with resume={directory}; for a new run, pass another hydra.run.dir."
+            f"Wait for it to end, or stop it first (Ctrl-C, or kill with its pid: it checkpoints and ends its MLflow "
+            f"run KILLED){resume}; for a new run, pass another hydra.run.dir."
         )
     return (
-        f"{key}={directory} is in use: {owner} is still running a {what} there, and two {what}s in one directory "
-        f"would overwrite each other's checkpoints and results. {advice}"
+        f"{key}={directory} is in use: {who} is still running a {kind} there, and a {what} in the same directory "
+        f"would overwrite its checkpoints and results. {advice}"
     )
 
 
-def holder(directory: str) -> str | None:
-    """Who holds `directory` ('process P on this host'), or None when no live process does. Takes nothing."""
+def holder(directory: str) -> tuple[str, str] | None:
+    """Who holds `directory` and for what (`_owner`), or None when no live process does. Takes nothing."""
     try:
         fd = os.open(os.path.join(os.path.abspath(directory), LOCK_FILE), os.O_RDONLY)
     except OSError:
@@ -90,10 +95,11 @@ def holder(directory: str) -> str | None:
         os.close(fd)  # drops the shared lock, if it was taken
 
 
-def in_use_problem(argv) -> str:
-    """Before Hydra writes .hydra/ into a directory named on the command line (hydra.run.dir=, resume=): the
-    refusal, when a live run holds it, or ''. Tasks that share their job's directory (a launched task, an srun step,
-    a TF_CONFIG task other than the chief) are not its owner and are not asked."""
+def claim_from_command_line(argv) -> str:
+    """Before Hydra writes .hydra/ into a directory named on the command line (hydra.run.dir=, resume= of an existing
+    directory): take it for this process, or the refusal when a live process holds it ('' when taken or not asked).
+    Taken here, before Hydra, two runs started at once into one directory cannot both write there. Tasks that share
+    their job's directory (a launched task, an srun step, a TF_CONFIG task other than the chief) are not its owner."""
     import json
 
     from runner import contract, layout
@@ -111,10 +117,11 @@ def in_use_problem(argv) -> str:
             return ""  # validation explains a TF_CONFIG it cannot read
     for arg in argv:
         key, _, path = arg.partition("=")
-        if key in ("hydra.run.dir", "resume") and path:
-            owner = holder(path)
-            if owner:
-                return _in_use(path, key, owner, "run")
+        if key == "hydra.run.dir" and path or key == "resume" and path and os.path.isdir(path):
+            try:
+                claim(path, key)
+            except ConfigError as err:
+                return str(err)
     return ""
 
 
@@ -139,7 +146,7 @@ def claim(directory: str, key: str, what: str = "run") -> None:
         os.close(fd)
         return  # a filesystem without locks: no worse than before
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {what}\n".encode(), 0)
     _held[path] = fd
 
 

@@ -32,8 +32,12 @@ def log_mlflow_model(run, keras_path: str, data, register_as: str | None) -> Non
         example = np.zeros((EXAMPLE_ROWS, *shape), np.float32).tolist()
     inputs = {"dtype": "float32", "shape": shape}
     outputs = {"dtype": "float32", "shape": [int(data.num_outputs)]}
+    from runner.stopping import Stopped
+
     try:
         logged = run.log_model(keras_path, inputs=inputs, outputs=outputs, example=example, register_as=register_as)
+    except Stopped:
+        raise  # the user's Ctrl-C or SIGTERM while the model was logged: not a logging failure
     except Exception as err:
         if register_as:
             raise RunnerError(f"mlflow.register_as={register_as}: {err}. The run is marked FAILED.") from None

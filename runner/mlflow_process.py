@@ -147,7 +147,7 @@ class Calls:
             else:
                 mlflow.set_tracking_uri(self.uri)
                 experiment_id = mlflow.set_experiment(cfg.mlflow.experiment_name).experiment_id
-            run = client.create_run(experiment_id, run_name=run_name, tags=redact_mapping(tags))
+            run = client.create_run(experiment_id, run_name=redact(run_name) if run_name else None, tags=redact_mapping(tags))
             link = (
                 f" (view: {redact_uri(self.uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id})"
                 if self.uri.startswith("http")

@@ -107,6 +107,13 @@ def logical_cpus_sensible(cfg):
         )
 
 
+def no_resume_dir(value) -> str:
+    return (
+        f"resume={value!r}: no such directory. Pass the output directory of an earlier run "
+        "(outputs/<date>/<time>, printed at its start), which holds its checkpoints/ and mlflow_run_id."
+    )
+
+
 @probe
 def resume_dir_exists(cfg):
     """resume= takes only a directory the runner wrote: .hydra/ plus its mlflow_run_id or checkpoints/."""
@@ -114,10 +121,7 @@ def resume_dir_exists(cfg):
         return
     path = os.path.abspath(os.path.expanduser(str(cfg.resume)))
     if not os.path.isdir(path):
-        raise ConfigError(
-            f"resume={cfg.resume!r}: no such directory. Pass the output directory of an earlier run "
-            "(outputs/<date>/<time>, printed at its start), which holds its checkpoints/ and mlflow_run_id."
-        )
+        raise ConfigError(no_resume_dir(cfg.resume))
     if layout.is_run_dir(path, layout.checkpoint_dir(cfg, path)):
         return
     _undo_hydra_files(path)

@@ -11,6 +11,7 @@ import threading
 import time
 
 from runner import journal, outbox
+from runner.errors import RunnerError
 from runner.redact import redact, redact_mapping, redact_uri
 
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
@@ -212,8 +213,8 @@ class RunLog:
                 if self._journal is not None:  # everything is in the store: the journal has done its job
                     self._journal.close(remove=True)
                 return
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: stop waiting, keep what is left in the outbox
+        except (KeyboardInterrupt, RunnerError):  # a second Ctrl-C (Stopped, while training's handler is in place)
+            pass  # stop waiting, keep what is left in the outbox
         path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags, status if self.owner else None)
         log.error(
             "MLflow at %s did not come back: %d value(s) of run %s are saved in %s. Send them with "

@@ -31,7 +31,9 @@ _training = threading.Event()  # a StopGuard is active: defer to a step boundary
 class Stopped(RunnerError):
     """Training was stopped by a signal; the run is KILLED, the checkpoint (if any) is resumable."""
 
-    def __init__(self, signum: int, message: str):
+    def __init__(self, signum: int | str, message: str | None = None):
+        if message is None:  # rebuilt from its message alone (OmegaConf re-raises errors as type(err)(text))
+            signum, message = (_received or [signal.SIGINT])[-1], str(signum)
         super().__init__(message)
         self.signal_name = signal.Signals(signum).name
         self.exit_code = EXIT_CODES.get(signum, 128 + signum)

@@ -190,8 +190,10 @@ def take_over(client, run, epochs: int, output_dir: str, me: int | None = None, 
     where = f"resume={output_dir}:" if explicit else f"hydra.run.dir={output_dir} holds an earlier run, which is continued:"
     new_run = "for a new run, leave resume= out" if explicit else "for a new run, pass another hydra.run.dir"
     if info.status == "FINISHED":
-        trained = [run.data.tags.get(EPOCHS_TAG), run.data.params.get("train.epochs")]
-        done = max([int(v) for v in trained if v and v.isdigit()], default=None)
+        # The epochs it was last asked for (the tag: a resume may have changed them), else the first run's (params
+        # cannot change on resume).
+        trained = [v for v in (run.data.tags.get(EPOCHS_TAG), run.data.params.get("train.epochs")) if v and v.isdigit()]
+        done = int(trained[0]) if trained else None
         if done is None or epochs <= done:
             raise ConfigError(
                 f"{where} its MLflow run {name} is FINISHED: it trained all its train.epochs="

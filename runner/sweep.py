@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from typing import Any
 
@@ -87,7 +88,15 @@ def run_sweep_job(cfg: DictConfig) -> float:
         sys.stdout.write(f"[{label}] {problem}")
         code, tail = 2, [problem]
     else:
-        code, tail = _run_child([*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"], env, label)
+        try:
+            # Its own process group (not under Slurm, which signals every process of a step itself): a Ctrl-C reaches
+            # this process only, which passes exactly one signal on, so the job checkpoints once instead of
+            # taking a terminal's signal and a forwarded one as a second Ctrl-C.
+            own_group = cfg.cluster.name != "slurm"
+            argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
+            code, tail = _run_child(argv, env, label, own_group)
+        except SweepStopped as stop:
+            _stopped(cfg, stop, label, env.get(contract.PARENT_RUN))
     if secondary:
         return math.nan  # Hydra's submitit launcher returns task 0's value
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
@@ -103,15 +112,73 @@ def run_sweep_job(cfg: DictConfig) -> float:
     return worst if objective is None else objective
 
 
-def _run_child(overrides: list[str], env: dict, label: str) -> tuple[int, list[str]]:
-    """`python -m runner <overrides>`, its lines passed on with the job's label; (exit code, its last 30 lines)."""
-    proc = contract.start_child(contract.runner_command(overrides), env)
+class SweepStopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM to the sweep's process (not an Exception: Hydra's launchers catch those)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_stop_signal(signum, frame):
+    raise SweepStopped(signum)
+
+
+def _run_child(overrides: list[str], env: dict, label: str, own_group: bool = False) -> tuple[int, list[str]]:
+    """`python -m runner <overrides>`, its lines passed on with the job's label; (exit code, its last 30 lines). On
+    Ctrl-C or SIGTERM the job gets the signal (once, in its own group), checkpoints and ends its run KILLED while its
+    lines still come through; a further signal is passed on too (stop at once); then SweepStopped."""
+    proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
     tail: list[str] = []
-    for line in proc.stdout:
+
+    def show(line):
+        nonlocal tail
         sys.stdout.write(f"[{label}] {line}")
         sys.stdout.flush()
         tail = (tail + [line])[-30:]
+
+    try:
+        for line in proc.stdout:
+            show(line)
+    except (KeyboardInterrupt, SweepStopped) as err:
+        signum = getattr(err, "signum", signal.SIGINT)
+        forward = lambda sig, frame: own_group and proc.poll() is None and proc.send_signal(sig)  # noqa: E731
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, forward)
+        forward(signum, None)
+        for line in proc.stdout:
+            show(line)
+        proc.wait()
+        raise SweepStopped(signum) from None
     return proc.wait(), tail
+
+
+def kill_parent_run(signum: int) -> None:
+    """The sweep's MLflow parent run (this process's, when it opened one) KILLED by `signum`."""
+    parent_id, uri = os.environ.get(contract.PARENT_RUN), os.environ.get(contract.TRACKING_URI)
+    if not parent_id or not uri:
+        return
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        client.set_tag(parent_id, "stopped_by", signal.Signals(signum).name)
+        client.set_terminated(parent_id, "KILLED")
+    except Exception as err:  # the message is what matters; the next run marks a stale one FAILED
+        log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
+
+
+def _stopped(cfg, stop: SweepStopped, label: str, parent_id: str | None):
+    """The sweep stopped during job `label`: its parent run KILLED, one paragraph, exit 130 / 143."""
+    name = signal.Signals(stop.signum).name
+    kill_parent_run(stop.signum)
+    print(
+        f"Stopped: the sweep was stopped by {name} during job {label}, which checkpointed and ended its MLflow run "
+        "KILLED (continue it with the resume= it printed); the sweep's MLflow run is KILLED and the jobs after it did "
+        "not run.",
+        file=sys.stderr,
+    )
+    sys.exit(128 + stop.signum)
 
 
 def _objective(metric: str, job_dir: str, label: str) -> float | None:
@@ -176,6 +243,8 @@ class SweepCallback(Callback):
 
         from runner import store
 
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a scheduler's notice stops the running job as Ctrl-C does
+            signal.signal(signum, _on_stop_signal)
         hc = config.hydra
         sweep_dir = hc.sweep.dir
         try:  # a sweep directory another live sweep owns: its jobs would continue that sweep's runs
@@ -199,7 +268,7 @@ class SweepCallback(Callback):
         experiment = mlflow.set_experiment(config.mlflow.experiment_name)
         run = client.create_run(
             experiment.experiment_id,
-            run_name=config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}",
+            run_name=redact(config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}"),  # ${oc.env:...} in it: masked
             tags={
                 "sweep.overrides": redact(" ".join(hc.overrides.task)),
                 "sweep.jobs": label,
@@ -208,6 +277,7 @@ class SweepCallback(Callback):
         )
         store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
         os.environ[contract.PARENT_RUN] = run.info.run_id  # each job's environment, so its run nests under this one
+        os.environ[contract.TRACKING_URI] = uri  # the jobs get it anyway; kill_parent_run reads it here
         log.info("sweep of %s jobs into %s; MLflow parent run %s (%s)", label, sweep_dir, run.info.run_name, run.info.run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -172,11 +172,13 @@ SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor 
 
 def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:
     """Stop MLflow's system-metrics monitor before the run ends (its last point is logged then)."""
+    from runner.stopping import Stopped
+
     try:
         pipe.stop_system_metrics(run_id, timeout=SYSTEM_METRICS_STOP_SEC)
     except (PipeError, TimeoutError) as err:
         log.warning("system metrics: the monitor did not stop cleanly (%s)", err or "timed out")
-    except KeyboardInterrupt:  # a second Ctrl-C: the run must still be ended (RunLog.close)
+    except (KeyboardInterrupt, Stopped):  # a second Ctrl-C: the run must still be ended (RunLog.close)
         log.warning("system metrics: not waiting for the monitor's last point")
 
 

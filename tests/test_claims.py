@@ -14,14 +14,14 @@ from runner.app import with_resumed_overrides
 from runner.errors import ConfigError
 
 HOLD = (
-    "import sys, time; from runner import claims; claims.claim(sys.argv[1], 'hydra.run.dir'); "
+    "import sys, time; from runner import claims; claims.claim(sys.argv[1], 'hydra.run.dir', what=sys.argv[2]); "
     "print('held', flush=True); time.sleep(60)"
 )
 
 
-def hold(directory):
-    """A real process that claims `directory` and keeps it until it is killed."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE, text=True)
+def hold(directory, what="run"):
+    """A real process that claims `directory` (for a run or a sweep) and keeps it until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory), what], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -52,26 +52,32 @@ def test_a_directory_a_live_process_holds_is_refused_and_free_once_it_dies(tmp_p
         message = str(err.value)
         assert f"hydra.run.dir={run_dir} is in use: process {owner.pid} on this host" in message
         assert "for a new run, pass another hydra.run.dir" in message and f"resume={run_dir}" in message
-        problem = claims.in_use_problem([f"resume={run_dir}"])  # before Hydra writes .hydra/ there
-        assert problem.startswith(f"resume={run_dir} is in use: process {owner.pid}")
-        assert claims.holder(str(run_dir)) == f"process {owner.pid} on this host"
+        problem = claims.claim_from_command_line([f"resume={run_dir}"])  # before Hydra writes .hydra/ there
+        assert problem.startswith(f"resume={run_dir} is in use: process {owner.pid} on this host is still running a run")
+        assert claims.holder(str(run_dir)) == (f"process {owner.pid} on this host", "run")
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     assert claims.holder(str(run_dir)) is None  # the kernel dropped the lock with the process
-    assert claims.in_use_problem([f"hydra.run.dir={run_dir}"]) == ""
-    claims.claim(str(run_dir), "hydra.run.dir")  # continued at once, as a requeued job would
+    assert claims.claim_from_command_line([f"hydra.run.dir={run_dir}"]) == ""  # taken at once, as a requeued job would
+    assert claims.holder(str(run_dir))[0] == f"process {os.getpid()} on this host"
     claims.claim(str(run_dir), "hydra.run.dir")  # and again by the same process: nothing changes
 
 
-def test_a_sweep_directory_in_use_says_so(tmp_path):
-    owner = hold(tmp_path / "sweep")
+def test_a_directory_in_use_names_what_holds_it_and_what_to_do(tmp_path):
+    sweep, run = hold(tmp_path / "sweep", "sweep"), hold(tmp_path / "run")
     try:
         with pytest.raises(ConfigError, match=r"still running a sweep there.*pass another hydra.sweep.dir"):
             claims.claim(str(tmp_path / "sweep"), "hydra.sweep.dir", what="sweep")
+        # a run into a sweep's directory: no resume= of it (a sweep directory is not a run's)
+        problem = claims.claim_from_command_line([f"hydra.run.dir={tmp_path / 'sweep'}"])
+        assert "still running a sweep there, and a run in the same directory" in problem and "resume=" not in problem
+        with pytest.raises(ConfigError, match=r"still running a run there, and a sweep in the same directory"):
+            claims.claim(str(tmp_path / "run"), "hydra.sweep.dir", what="sweep")
     finally:
-        owner.kill()
-        owner.wait()
+        for owner in (sweep, run):
+            owner.kill()
+            owner.wait()
 
 
 def test_tasks_that_share_their_jobs_directory_are_not_asked(tmp_path, monkeypatch):
@@ -80,14 +86,16 @@ def test_tasks_that_share_their_jobs_directory_are_not_asked(tmp_path, monkeypat
         argv = [f"hydra.run.dir={tmp_path / 'job'}"]
         worker = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
         monkeypatch.setenv("TF_CONFIG", json.dumps(worker))
-        assert claims.in_use_problem(argv) == ""
+        assert claims.claim_from_command_line(argv) == ""
         monkeypatch.setenv("TF_CONFIG", json.dumps({**worker, "task": {"type": "worker", "index": 0}}))
-        assert "is in use" in claims.in_use_problem(argv)  # worker 0 is the chief: it owns the directory
+        assert "is in use" in claims.claim_from_command_line(argv)  # worker 0 is the chief: it owns the directory
         monkeypatch.delenv("TF_CONFIG")
         monkeypatch.setenv("SLURM_STEP_ID", "0")
-        assert claims.in_use_problem(argv) == ""
+        assert claims.claim_from_command_line(argv) == ""
         monkeypatch.delenv("SLURM_STEP_ID")
-        assert claims.in_use_problem(["--cfg", "job", *argv]) == ""
+        assert claims.claim_from_command_line(["--cfg", "job", *argv]) == ""
+        assert claims.claim_from_command_line([f"resume={tmp_path / 'none'}"]) == ""
+        assert not (tmp_path / "none").exists()  # resume= of no directory: refused later, nothing made here
     finally:
         owner.kill()
         owner.wait()

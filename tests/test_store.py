@@ -275,6 +275,11 @@ def test_a_finished_run_continues_only_with_more_epochs(mlflow):
     with pytest.raises(ConfigError, match="train.epochs=4"):
         store.take_over(client, client.get_run(run.info.run_id), epochs=3, output_dir="/runs/a")
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    # started with 200 epochs, stopped, resumed to 40 and FINISHED there: 41 continues (the first run's 200 did not)
+    other = owned_run(client, experiment, procs.identity(), status="FINISHED")
+    client.log_param(other.info.run_id, "train.epochs", "200")
+    client.set_tag(other.info.run_id, store.EPOCHS_TAG, "40")
+    store.take_over(client, client.get_run(other.info.run_id), epochs=41, output_dir="/runs/b")
 
 
 def test_a_run_directory_reused_without_resume_is_named_as_such(mlflow):

@@ -107,6 +107,39 @@ def test_report_numbers_equal_the_child_runs(grid, runner):
     assert {"report/report.csv", "report/report.md", "report/loss_curves.png"} <= logged
 
 
+@pytest.mark.slow  # end to end: runs a sweep and stops it
+def test_ctrl_c_stops_a_sweep_its_job_checkpoints_and_both_runs_are_killed(runner):
+    """Ctrl-C at a terminal (SIGINT to the sweep's process group) while job #0 trains: the job gets it once,
+    checkpoints and ends its run KILLED; the sweep's run is KILLED too; exit 130, no traceback, no job after it."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    sweep_dir = runner.root / "sweeps" / "stopped"
+    argv = [sys.executable, "-m", "runner", "-m", "data=ones", "train.epochs=300", "train.steps_per_epoch=50", "train.seed=1,2"]
+    argv += [f"hydra.sweep.dir={sweep_dir}", f"mlflow.tracking_uri={runner.uri}", f"mlflow.experiment_name={EXPERIMENT}"]
+    live = subprocess.Popen(
+        [*argv, "mlflow.run_name=stopped"],
+        cwd=runner.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen = []
+    for line in live.stdout:
+        seen.append(line)
+        if "epoch 3/300" in line:
+            break
+    os.killpg(live.pid, signal.SIGINT)
+    rest, _ = live.communicate(timeout=120)
+    output = "".join(seen) + rest
+    assert live.returncode == 130 and "Traceback" not in output, output[-3000:]
+    assert re.search(r"\[#0\] Stopped: training stopped by SIGINT at step \d+: checkpoint written", output), output[-3000:]
+    assert "Stopped: the sweep was stopped by SIGINT during job #0" in output and "job #1" not in output
+    _, parent, children = family(runner, "stopped")
+    assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"]
+    assert any((sweep_dir / "0" / "checkpoints").glob("ckpt-*.index"))
+
+
 @pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
 def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
     second = {}
