@@ -156,6 +156,14 @@ def fail_dead_runs(client, experiment_id: str, who: str, keep: str | None = None
     for run in running:
         if run.info.run_id == keep or not owner_dead(run):
             continue
+        # The search is a snapshot: a run that ended since (its owner gone after ending it) is not stale. The owner is
+        # gone now, so what the store says next is final.
+        try:
+            if client.get_run(run.info.run_id).info.status != "RUNNING":
+                continue
+        except Exception as err:
+            log.debug("could not read run %s again: %s", run.info.run_id, err)
+            continue
         try:
             client.set_tag(run.info.run_id, "error", DIED.format(who=who))
             client.set_terminated(run.info.run_id, "FAILED")

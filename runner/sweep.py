@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from typing import Any
@@ -30,6 +31,13 @@ HYDRA_LAUNCHER_LOGS = (
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
 )
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
+
+
+class _NoPerJobLine(logging.Filter):
+    """Drops a launcher's `\t#<n> : <overrides>` line; keeps the rest (how many jobs, how they are launched)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not re.match(r"\s*#\d+ : ", record.getMessage())
 
 
 def _state(sweep_dir: str, name: str) -> str:
@@ -254,7 +262,7 @@ class SweepCallback(Callback):
             sys.exit(err.exit_code)
         logging.getLogger("submitit").addFilter(slurm_sweep.SacctQuiet())
         for name in HYDRA_LAUNCHER_LOGS:  # each job is announced once, by run_sweep_job, with secrets masked
-            logging.getLogger(name).setLevel(logging.WARNING)
+            logging.getLogger(name).addFilter(_NoPerJobLine())
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later

@@ -246,6 +246,18 @@ def test_fail_dead_runs_marks_only_running_runs_of_dead_owners_on_this_host(mlfl
     assert store.fail_dead_runs(client, experiment, who="again") == [kept.info.run_id]
 
 
+def test_a_run_that_ended_after_the_search_is_not_marked_failed(mlflow, dead_process, monkeypatch):
+    """The search is a snapshot: a run seen RUNNING whose owner then ended it FINISHED and exited (two tiny runs side
+    by side, CI under load) kept FINISHED. Before, the snapshot's RUNNING was trusted and the run marked FAILED."""
+    client, experiment = mlflow
+    run = owned_run(client, experiment, dead_process, name="ended-meanwhile")
+    snapshot = client.search_runs([experiment])  # RUNNING here
+    client.set_terminated(run.info.run_id, "FINISHED")  # then its owner ended it, and exited
+    monkeypatch.setattr(client, "search_runs", lambda *a, **k: snapshot)
+    assert store.fail_dead_runs(client, experiment, who="the test") == []
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
 def test_fail_dead_runs_never_stops_a_run_when_the_store_cannot_answer(mlflow):
     client, _ = mlflow
     assert store.fail_dead_runs(client, "no-such-experiment-id", who="the test") == []
