@@ -117,7 +117,8 @@ def claim_from_command_line(argv) -> str:
             return ""  # validation explains a TF_CONFIG it cannot read
     for arg in argv:
         key, _, path = arg.partition("=")
-        if key == "hydra.run.dir" and path or key == "resume" and path and os.path.isdir(path):
+        # resume= only of a runner's directory (.hydra/ there): any other is refused later and must stay untouched
+        if key == "hydra.run.dir" and path or key == "resume" and path and os.path.isdir(os.path.join(path, ".hydra")):
             try:
                 claim(path, key)
             except ConfigError as err:

@@ -46,6 +46,7 @@ def test_config_only_commands_create_no_directory(tmp_path, monkeypatch):
 def test_a_directory_a_live_process_holds_is_refused_and_free_once_it_dies(tmp_path):
     run_dir = tmp_path / "run"
     owner = hold(run_dir)
+    (run_dir / ".hydra").mkdir()  # a runner's directory: resume= of it is claimed before Hydra
     try:
         with pytest.raises(ConfigError) as err:
             claims.claim(str(run_dir), "hydra.run.dir")
@@ -96,6 +97,9 @@ def test_tasks_that_share_their_jobs_directory_are_not_asked(tmp_path, monkeypat
         assert claims.claim_from_command_line(["--cfg", "job", *argv]) == ""
         assert claims.claim_from_command_line([f"resume={tmp_path / 'none'}"]) == ""
         assert not (tmp_path / "none").exists()  # resume= of no directory: refused later, nothing made here
+        (tmp_path / "mine").mkdir()
+        assert claims.claim_from_command_line([f"resume={tmp_path / 'mine'}"]) == ""
+        assert list((tmp_path / "mine").iterdir()) == []  # not a runner's directory: no lock file left in it
     finally:
         owner.kill()
         owner.wait()
