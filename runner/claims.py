@@ -100,25 +100,20 @@ def claim_from_command_line(argv) -> str:
     directory): take it for this process, or the refusal when a live process holds it ('' when taken or not asked).
     Taken here, before Hydra, two runs started at once into one directory cannot both write there. Tasks that share
     their job's directory (a launched task, an srun step, a TF_CONFIG task other than the chief) are not its owner."""
-    import json
-
     from runner import contract, layout
 
     if any(a in CONFIG_ONLY for a in argv) or "-m" in argv or "--multirun" in argv:
         return ""
     if os.environ.get(contract.ATTACH_RUN) or os.environ.get("SLURM_STEP_ID"):
         return ""
-    if os.environ.get("TF_CONFIG"):
-        try:
-            config = json.loads(os.environ["TF_CONFIG"])
-            if not layout.is_chief(config["task"]["type"], config["task"]["index"], config.get("cluster", {})):
-                return ""
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return ""  # validation explains a TF_CONFIG it cannot read
+    # The strategy is not known before Hydra: "" reads TF_CONFIG alone, which names the same chief for every strategy
+    # (parameter_server always has a chief). An unreadable TF_CONFIG is not asked: validation explains it.
+    if os.environ.get("TF_CONFIG") and not layout.tf_config_chief("", os.environ["TF_CONFIG"]):
+        return ""
     for arg in argv:
         key, _, path = arg.partition("=")
         # resume= only of a runner's directory (.hydra/ there): any other is refused later and must stay untouched
-        if key == "hydra.run.dir" and path or key == "resume" and path and os.path.isdir(os.path.join(path, ".hydra")):
+        if key == "hydra.run.dir" and path or key == "resume" and path and os.path.isdir(os.path.join(path, layout.HYDRA_DIR)):
             try:
                 claim(path, key)
             except ConfigError as err:
