@@ -1,11 +1,12 @@
 """Ctrl-C (SIGINT) and SIGTERM: stop at a step boundary with a checkpoint, and end the MLflow run KILLED.
 
 SIGTERM is how Kubernetes, Slurm and preemptible VMs announce preemption. While training, either signal only
-raises a flag. TensorFlow's PreemptionCheckpointHandler (polling that flag) picks the step at which every
-worker of the cluster saves, the checkpoint is written there, and Stopped is raised. Under parameter_server,
-which that handler does not support, the coordinator saves at its next step boundary itself. Outside
-training, or on a second Ctrl-C, Stopped is raised at once. (TPUStrategy and GCE CPU VMs, where TensorFlow's
-handler works differently, take the same single-worker path as parameter_server.)
+raises a flag. A single worker saves at its next step boundary and raises Stopped. Across the workers of a
+MultiWorkerMirroredStrategy cluster, TensorFlow's PreemptionCheckpointHandler (polling that flag once a second)
+picks the step at which every worker saves, the checkpoint is written there, and Stopped is raised. Under
+parameter_server, which that handler does not support, the coordinator saves at its next step boundary itself.
+Outside training, or on a second Ctrl-C, Stopped is raised at once. (TPUStrategy and GCE CPU VMs, where
+TensorFlow's handler works differently, take the single-worker path.)
 """
 
 import contextlib
@@ -26,6 +27,7 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, a
 NOTICE = "received: stopping at the next step boundary"  # the launcher reads it to name the task that was signalled
 _received = []  # signal numbers, in order
 _training = threading.Event()  # a StopGuard is active: defer to a step boundary
+_agreeing = threading.Event()  # ... which the workers of a cluster agree on through TensorFlow's handler
 
 
 class Stopped(RunnerError):
@@ -44,7 +46,8 @@ def _on_signal(signum, frame):
     _received.append(signum)
     name = signal.Signals(signum).name
     if _training.is_set() and first:
-        log.warning("%s %s, after a checkpoint (send it again to stop at once)", name, NOTICE)
+        agreed = " every worker agrees on (within seconds)" if _agreeing.is_set() else ""
+        log.warning("%s %s%s, after a checkpoint (send it again to stop at once)", name, NOTICE, agreed)
         return
     raise Stopped(signum, f"stopped by {name}")
 
@@ -122,15 +125,16 @@ class StopGuard:
     def __init__(self, job):
         self.job, self.step, self.saved = job, 0, None
         self.handler = None
-        if job.checkpoints and not job.parameter_server and "TPU" not in type(job.strategy).__name__:
+        # TensorFlow's handler only where workers must agree on the step: it polls the flag once a second, so a
+        # single worker acting on it itself stops at the very next step instead of hundreds of steps later.
+        if job.checkpoints and job.multi_worker and not job.parameter_server and "TPU" not in type(job.strategy).__name__:
             import tensorflow as tf
 
             config = tf.distribute.experimental.TerminationConfig(
                 termination_watcher_fn=requested, exit_fn=self._stop, save_fn=self._save
             )
-            resolver = job.cluster.resolver if job.cluster is not None and job.multi_worker else None
             handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-                resolver, job.checkpoints.manager, termination_config=config
+                job.cluster.resolver, job.checkpoints.manager, termination_config=config
             )
             if tf_private.preemption_handler_acts(handler):  # not on GCE CPU VMs: there this guard saves itself
                 self.handler = handler
@@ -138,10 +142,13 @@ class StopGuard:
     def __enter__(self):
         install()  # again: MultiWorkerMirroredStrategy's coordination service installs its own C++ SIGTERM handler
         _training.set()
+        if self.handler is not None:
+            _agreeing.set()
         return self
 
     def __exit__(self, kind, value, tb):
         _training.clear()
+        _agreeing.clear()
         if kind is None and _received:  # the signal came after the last step boundary: training is complete
             self._stop()
 

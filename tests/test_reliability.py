@@ -95,6 +95,8 @@ def test_sigterm_checkpoints_at_once_and_the_rerun_resumes_there(runner, executo
     assert stop, output[-3000:]
     step = int(stop.group(1))
     assert int(stop.group(2)) == step >= before  # written where training stopped: no step is lost
+    after_notice = output[output.index("SIGTERM received: stopping at the next step boundary") :]
+    assert len(re.findall(r"epoch \d+/400 step \d+/64", after_notice[: after_notice.index("Stopped:")])) <= 1, output[-3000:]
     run_dir = runner.root / "runs" / name
     assert checkpoint_steps(run_dir / "checkpoints")[-1] == step
     assert f"resume={run_dir}" in output
