@@ -1,6 +1,6 @@
 """train.profile_steps=[first, last]: a TensorFlow profiler trace of those training steps (1-based, inclusive),
 for both executors, written to <output_dir>/profile and logged as the run's `profile` artifact. Open it with
-TensorBoard's profile plugin (README).
+TensorBoard's profile plugin: `pip install -e ".[profile]"` (tensorboard and xprof), then README's tensorboard command.
 
 The trace starts before the call that runs step `first` and stops after the call that ran step `last` (a call runs
 train.steps_per_execution or train.steps_per_loop steps). On a parameter-server coordinator it shows the

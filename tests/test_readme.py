@@ -8,7 +8,9 @@ README says it does: exit code, MLflow runs and metrics, files written.
 """
 
 import csv
+import gzip
 import itertools
+import json
 import os
 import re
 import shlex
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, free_port, serve_and_predict, write_bmp, write_image_folder
+from helpers import ROOT, free_port, live_group_members, serve_and_predict, write_bmp, write_image_folder
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -92,10 +94,7 @@ def kind_of(tokens):
             "a stand-in MNIST that tfds itself prepares in the scratch directory (tests/tfds_tiny.py)"
         )
     if "tensorboard" in tokens:
-        return "tensorboard", (
-            "starts TensorBoard's server, which runs until stopped, with a plugin this project does not install; "
-            "tests/test_profiling.py checks the trace it opens (profile/plugins/profile/<run>/<host>.xplane.pb)"
-        )
+        return "tensorboard", None  # on the trace of README's train.profile_steps run, with the profile extra's plugin
     if tokens[:3] == ["python", "-m", "runner.dashboard"]:
         return "dashboard", None
     if tokens[:3] == ["python", "-m", "runner.deliver"]:
@@ -599,6 +598,96 @@ def check_serve(scratch, args, result):
     assert not left, f"mlflow models serve left processes behind: {left}"
 
 
+def _profiled_run(scratch, request):
+    """README's train.profile_steps run: the suite's own (from `results`) when its test is selected too, else that
+    command alone, here (`-k tensorboard` then runs one training run, not all of README's commands)."""
+    profiled = next(k for k, (kind, _) in KINDS.items() if kind == "train" and "train.profile_steps=" in k)
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("command") for item in request.session.items}
+    if profiled in selected:
+        _, result = request.getfixturevalue("results")
+        return result(profiled)
+    return run_training(scratch, TOKENS[profiled])
+
+
+def _get_json(url):
+    """GET url as JSON; the profile plugin gzips its answers whatever the request accepts."""
+    with urllib.request.urlopen(url, timeout=30) as r:
+        body = r.read()
+        return json.loads(gzip.decompress(body) if r.headers.get("Content-Encoding") == "gzip" else body)
+
+
+def run_tensorboard(scratch, tokens, profiled):
+    """README's tensorboard command, its --logdir the profile directory of README's profiled run, on a free port of
+    127.0.0.1: wait until it answers, ask it what the Profile tab shows (the plugin's own routes: runs, run_tools,
+    hosts, data), then Ctrl-C its process group. A variable only its processes carry finds any that outlive it."""
+    proc, run_dir = profiled
+    _ok(proc)
+    logdir = run_dir / "profile"
+    sessions = sorted(p.name for p in logdir.glob("plugins/profile/*") if p.is_dir())
+    argv = [str(Path(sys.executable).parent / "tensorboard"), *tokens[1:]]  # the venv's, as an activated venv finds it
+    argv[argv.index("--logdir") + 1] = str(logdir)
+    port = free_port()
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    mark = f"RUNNER_README_TENSORBOARD_{os.getpid()}"
+    log_path = scratch.dir("tensorboard").with_suffix(".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    found = {"sessions": sessions, "argv": argv}
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            argv, cwd=scratch.root, env={**_env(), mark: "1"}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120  # it imports TensorFlow first: seconds, more on a busy machine
+        while "plugins" not in found:
+            assert server.poll() is None, f"tensorboard exited {server.returncode}:\n{log_path.read_text()[-3000:]}"
+            try:
+                found["plugins"] = _get_json(f"{base}/data/plugins_listing")
+            except OSError:
+                assert time.monotonic() < deadline, f"tensorboard did not answer in 120 s:\n{log_path.read_text()[-3000:]}"
+                time.sleep(0.5)
+        if found["plugins"].get("profile", {}).get("enabled"):
+            plugin = f"{base}/data/plugin/profile"
+            found["runs"] = _get_json(f"{plugin}/runs")
+            for run in found["runs"]:
+                tools = _get_json(f"{plugin}/run_tools?run={run}")
+                trace = next((t for t in tools if t.startswith("trace_viewer")), None)
+                hosts = [h["hostname"] for h in _get_json(f"{plugin}/hosts?run={run}&tag={trace}")] if trace else []
+                events = _get_json(f"{plugin}/data?run={run}&tag={trace}&host={hosts[0]}")["traceEvents"] if hosts else []
+                found.setdefault("tools", {})[run] = tools
+                found.setdefault("events", {})[run] = events
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+            found["ctrl_c"] = False
+        deadline = time.monotonic() + 15
+        while (live_group_members(server.pid) or _processes_with(mark)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found["left"] = sorted(set(live_group_members(server.pid)) | set(_processes_with(mark)))
+    found["log"] = log_path.read_text()[-3000:]
+    return found
+
+
+def check_tensorboard(scratch, args, found):
+    """TensorBoard's Profile tab is there, active, and shows the profiled run's trace: its one profiler session as
+    the plugin's run, a trace viewer for it with the steps' events; Ctrl-C stops the server and its data server."""
+    assert len(found["sessions"]) == 1, found["sessions"]
+    profile = found["plugins"].get("profile")
+    assert profile, f'no profile plugin in TensorBoard (pip install -e ".[profile]"): {sorted(found["plugins"])}'
+    assert profile["enabled"], f"the profile plugin found no trace in {found['argv']}:\n{found['log']}"
+    assert found["runs"] == found["sessions"], (found["runs"], found["sessions"])
+    (run,) = found["runs"]
+    assert any(t.startswith("trace_viewer") for t in found["tools"][run]), found["tools"][run]
+    spans = [e for e in found["events"][run] if e.get("ph") == "X"]  # complete events: the ops the traced steps ran
+    assert spans, found["events"][run][:20]
+    assert found.get("ctrl_c", True), "tensorboard did not stop on Ctrl-C"
+    assert not found["left"], f"tensorboard's processes outlived it: {found['left']}"
+
+
 RUNNERS = {
     "setup": lambda s, t: run_training(s, _setup_steps(t)[-1]),
     "train": run_training,
@@ -751,6 +840,7 @@ CHECKS = {
     "srun": check_srun,
     "submitit": check_submitit,
     "ray": check_ray,
+    "tensorboard": check_tensorboard,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}
@@ -798,6 +888,10 @@ def test_readme_command(command, request):
     if kind == "ray":  # on its own: `-k ray` runs just this command
         scratch = request.getfixturevalue("scratch")
         CHECKS[kind](scratch, _runner_args(TOKENS[command]), run_ray(scratch, TOKENS[command]))
+        return
+    if kind == "tensorboard":  # on README's profiled run; `-k tensorboard` runs just that run and this command
+        scratch = request.getfixturevalue("scratch")
+        CHECKS[kind](scratch, TOKENS[command], run_tensorboard(scratch, TOKENS[command], _profiled_run(scratch, request)))
         return
     scratch, result = request.getfixturevalue("results")
     tokens = TOKENS[command]
