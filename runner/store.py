@@ -113,6 +113,8 @@ def _client(uri: str):
     from mlflow import MlflowClient
     from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
 
+    for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables...": not news
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return MlflowClient(uri)
     except UnsupportedModelRegistryStoreURIException:

@@ -40,6 +40,12 @@ def test_a_fresh_store_is_created_under_a_lock_and_ready(tmp_path):
     assert [e.name for e in client.search_experiments()] == ["Default"]
 
 
+def test_a_fresh_store_is_created_without_mlflows_migration_lines(tmp_path, capfd, caplog):
+    store.open_client(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    said = capfd.readouterr().err + caplog.text
+    assert "database tables" not in said and "alembic" not in said, said
+
+
 def test_an_existing_store_opens_and_keeps_its_runs(sqlite_uri, tmp_path):
     from mlflow import MlflowClient
 
