@@ -132,7 +132,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     from runner.builders import strategy_auto
     from runner.builders.data import build_data
     from runner.builders.model import build_model, build_optimizer, loss_name
-    from runner.builders.strategy import build_strategy
+    from runner.builders.strategy import build_strategy, strategy_name
     from runner.checkpoints import Checkpoints
     from runner.executors import Job, get_executor
     from runner.executors.base import done_line
@@ -148,13 +148,13 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     log.info(
         "%s%s with %d replica(s) on %s",
         f"{cluster.task}: " if cluster.task_type else "",
-        type(strategy).__name__,
+        strategy_name(strategy),
         replicas,
         ", ".join(placed),
     )
     run.set_tags(
         {
-            "strategy": type(strategy).__name__,
+            "strategy": strategy_name(strategy),
             "num_replicas_in_sync": replicas,
             "num_workers": cluster.num_workers,
             "devices": ",".join(placed),

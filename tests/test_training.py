@@ -52,6 +52,24 @@ def test_training_lowers_the_loss(matrix, runner, strategy, executor):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+GUIDE_NAMES = {
+    "default": "default strategy",
+    "one_device": "OneDeviceStrategy",
+    "mirrored1": "MirroredStrategy",
+    "mirrored4": "MirroredStrategy",
+    "central_storage": "CentralStorageStrategy",
+    "mwms_single": "MultiWorkerMirroredStrategy",
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_logs_and_tags_name_the_strategy_as_the_guide_does(matrix, runner, strategy):
+    output = matrix[f"{strategy}-fit"].output
+    assert f"] {GUIDE_NAMES[strategy]} with " in output, output[-2000:]  # not _DefaultDistributionStrategy
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, f"{strategy}-fit")
+    assert run.data.tags["strategy"] == GUIDE_NAMES[strategy]
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("strategy", ["mirrored4", "central_storage", "one_device", "mwms_single"])
 def test_distributed_weights_equal_the_default_strategy(matrix, strategy, executor):

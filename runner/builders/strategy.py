@@ -201,3 +201,22 @@ def build_strategy(cfg, ops_cfg, devices: Devices, cluster: Cluster):
     if chosen.caps.devices is not None:
         check_devices_exist(chosen.caps.devices(cfg, ops_cfg))
     return chosen.build(cfg, ops_cfg, devices, cluster)
+
+
+def strategy_name(strategy) -> str:
+    """The name a user knows from the guide (TensorFlow's classes behind them have other names: the default
+    strategy is `_DefaultDistributionStrategy`, MultiWorkerMirroredStrategy a `CollectiveAllReduceStrategy`)."""
+    import tensorflow as tf
+
+    public = {
+        "MultiWorkerMirroredStrategy": tf.distribute.MultiWorkerMirroredStrategy,
+        "MirroredStrategy": tf.distribute.MirroredStrategy,
+        "OneDeviceStrategy": tf.distribute.OneDeviceStrategy,
+        "CentralStorageStrategy": tf.distribute.experimental.CentralStorageStrategy,
+        "ParameterServerStrategy": tf.distribute.experimental.ParameterServerStrategy,
+        "TPUStrategy": tf.distribute.TPUStrategy,
+    }
+    for name, cls in public.items():
+        if isinstance(strategy, cls):
+            return name
+    return "default strategy" if type(strategy).__name__.startswith("_Default") else type(strategy).__name__
