@@ -44,6 +44,13 @@ class Job:
         return self.cluster is not None and self.cluster.num_workers > 1
 
     @property
+    def progress(self) -> str:
+        """How this task shows progress (progress_mode): the task that logs the run shows it for the cluster, the
+        other workers of a cluster keep quiet (the same steps, once per worker, told nothing new)."""
+        reports = self.cluster is None or not self.multi_worker or self.cluster.is_chief
+        return progress_mode(self.executor.verbose) if reports else "quiet"
+
+    @property
     def parameter_server(self) -> bool:
         import tensorflow as tf
 
@@ -110,6 +117,18 @@ class Throughput:
         self._start = self._warm_time = self._window_time = None
         self._warm_step = self._window_step = 0
         self._last_time, self._last_step = None, 0
+        self._paused_at = None
+
+    def pause(self) -> None:
+        """At an epoch's end: what happens until resume() (checkpoints, a new input iterator) is not a step's time."""
+        self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        """At the next epoch's start: the window's rates leave the pause out (else every epoch's first window dips
+        and the throughput chart is saw-toothed); the whole-run figures keep it, as wall time of training."""
+        if self._paused_at is not None and self._window_time is not None:
+            self._window_time += time.perf_counter() - self._paused_at
+        self._paused_at = None
 
     def start(self) -> None:
         self._start = time.perf_counter()

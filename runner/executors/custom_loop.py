@@ -9,7 +9,7 @@ parameter_server the coordinator's inner loop is runner/executors/ps_loop.py.
 
 from runner import teardown
 from runner.executors import loop
-from runner.executors.base import Job, Result, concrete_per_iterator, epochs_text, progress_mode, replica_metrics
+from runner.executors.base import Job, Result, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_step import make_replica_step
 
@@ -98,7 +98,7 @@ class InProcessTrainer(loop.Trainer):
 
         self.run_loop, self.eval_step = concrete_per_iterator(train_loop), eval_step
         per_call = job.train.steps_per_loop
-        self.replicas, self.progress = job.replicas, progress_mode(job.executor.verbose)
+        self.replicas, self.progress = job.replicas, job.progress
         self.steps_per_call = min(per_call, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "

@@ -15,7 +15,6 @@ from runner.executors.base import (
     last_log_point,
     log,
     progress_line,
-    progress_mode,
     replica_metrics,
 )
 from runner.executors.evaluation import evaluate_on_coordinator
@@ -134,6 +133,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            meter.resume()
 
         def report(self, step, logs):
             self.logged_at = step
@@ -152,7 +152,9 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             if job.parameter_server:
                 meter.tick(step)
                 self.report(step, logs)
+                meter.pause()
             else:
+                meter.pause()  # the checkpoint and the next epoch's input iterator are not a step's time
                 check_loss(job, float(np.mean(logs["loss"])), step)
             if job.checkpoints:
                 job.checkpoints.save(step)
@@ -224,7 +226,7 @@ def run_fit(job: Job) -> Result:
             steps_per_execution=job.train.steps_per_execution,
         )
     model.distribute_reduction_method = "first"
-    mode = progress_mode(job.executor.verbose)
+    mode = job.progress
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
     initial_epoch = initial_step // data.steps_per_epoch

@@ -109,6 +109,7 @@ def run(job: Job, trainer: Trainer) -> Result:
             done = step - epoch * spe
             loss_sum, counted, logged_at = 0.0, 0, last_log_point(done, every)
             progress.epoch(epoch)
+            meter.resume()
             while done < spe:
                 n = min(trainer.steps_per_call, spe - done)
                 job.profile.before(step + 1, n)
@@ -131,6 +132,8 @@ def run(job: Job, trainer: Trainer) -> Result:
                     extra, suffix = trainer.report(epoch_loss)
                     job.reporter.log_metrics({"loss": epoch_loss, **extra, **rates}, step)
                     progress.line(epoch, done, epoch_loss, rates, suffix)
+                if done == spe:
+                    meter.pause()  # the checkpoint and the next epoch's start are not a step's time
                 if due_ckpt:
                     job.checkpoints.save(step)
                     last_saved = step

@@ -1,0 +1,46 @@
+"""runner/executors/base.Throughput: the per-window rates a throughput chart shows, against a clock the test sets."""
+
+import pytest
+
+from runner import phases
+from runner.executors import base
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(base.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(phases, "_marks", [])
+    return now
+
+
+def steps(meter, clock, first, last, seconds_each):
+    for step in range(first, last + 1):
+        clock[0] += seconds_each
+        meter.tick(step)
+
+
+def test_an_epochs_boundary_work_is_left_out_of_the_next_window_but_kept_in_the_whole_run(clock):
+    meter = base.Throughput(global_batch_size=10, replicas=2)
+    meter.start()
+    steps(meter, clock, 1, 10, 0.01)  # the first tick is warm-up; then 9 steps of 10 ms
+    assert meter.window()["throughput/step_time_ms"] == pytest.approx(10.0)
+    meter.pause()  # epoch end: a checkpoint and the next epoch's iterator take 0.5 s
+    clock[0] += 0.5
+    meter.resume()
+    steps(meter, clock, 11, 20, 0.01)
+    rates = meter.window()
+    assert rates["throughput/step_time_ms"] == pytest.approx(10.0)  # not (0.5 + 0.1) / 10: no dip at epoch start
+    assert rates["throughput/examples_per_sec"] == pytest.approx(1000.0)
+    assert rates["throughput/examples_per_sec_per_replica"] == pytest.approx(500.0)
+    assert meter.overall()["throughput/step_time_ms"] == pytest.approx((0.19 + 0.5) / 19 * 1000)  # wall time of training
+
+
+def test_a_resume_without_a_pause_or_before_the_first_step_changes_nothing(clock):
+    meter = base.Throughput(global_batch_size=10, replicas=1)
+    meter.start()
+    meter.resume()  # the first epoch starts: nothing was paused
+    steps(meter, clock, 1, 5, 0.02)
+    meter.resume()
+    steps(meter, clock, 6, 9, 0.02)
+    assert meter.window()["throughput/step_time_ms"] == pytest.approx(20.0)
