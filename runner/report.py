@@ -22,9 +22,35 @@ COLUMNS = [
 ]
 
 
-def _row(run) -> dict:
+SHARED = ("strategy", "executor", "replicas")  # dropped from the shown table when every job has the same value
+NOT_SWEPT = ("strategy", "executor", "experiment", "hydra.")  # columns of their own, or not a searched value
+
+
+def _overrides(run) -> dict[str, str]:
+    return dict(o.lstrip("+~").split("=", 1) for o in run.data.tags.get("overrides", "").split() if "=" in o)
+
+
+def swept_keys(runs) -> list[str]:
+    """The override keys whose value differs between jobs (what a grid or a sampler searched), in first-seen order."""
+    given = [_overrides(r) for r in runs]
+    keys = dict.fromkeys(k for o in given for k in o if not k.startswith(NOT_SWEPT))
+    return [k for k in keys if len({o.get(k, "") for o in given}) > 1]
+
+
+def shown_columns(rows: list[dict], swept: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The table's columns: the searched keys after `status`, without the columns every job shares (returned
+    apart, to be said once)."""
+    same = {c: _fmt(rows[0][c]) for c in SHARED if len(rows) > 1 and len({_fmt(r[c]) for r in rows}) == 1}
+    columns = [c for c in COLUMNS if c not in same]
+    at = columns.index("status") + 1
+    return columns[:at] + swept + columns[at:], same
+
+
+def _row(run, swept=()) -> dict:
     m, p, t = run.data.metrics, run.data.params, run.data.tags
+    given = _overrides(run)
     return {
+        **{k: given.get(k, "") for k in swept},
         "job": int(t.get("sweep.job_num", -1)),
         "run": run.info.run_name,
         "status": run.info.status,
@@ -42,19 +68,31 @@ def _row(run) -> dict:
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4f}"
+    if isinstance(value, str) and value[:1].isdigit() and "." in value:  # a searched float: 0.03028525153605885
+        try:
+            return f"{float(value):.4g}"
+        except ValueError:
+            pass
     return str(value)
 
 
-def table_text(rows: list[dict]) -> str:
-    cells = [COLUMNS] + [[_fmt(r[c]) for c in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
+def _same_line(same: dict[str, str]) -> str:
+    return "every job: " + ", ".join(f"{k}={v}" for k, v in same.items()) if same else ""
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+def table_text(rows: list[dict], swept=()) -> str:
+    columns, same = shown_columns(rows, list(swept)) if rows else (COLUMNS, {})
+    cells = [columns] + [[_fmt(r[c]) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return text + ("\n" + _same_line(same) if same else "")
+
+
+def markdown(rows: list[dict], swept=()) -> str:
+    columns, same = shown_columns(rows, list(swept)) if rows else (COLUMNS, {})
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n" + ("\n" + _same_line(same) + "\n" if same else "")
 
 
 def scaling_efficiency(rows: list[dict]) -> dict[int, float]:
@@ -153,7 +191,8 @@ def write_report(
     runs = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=10000
     )
-    pairs = sorted(zip(runs, [_row(r) for r in runs]), key=lambda p: p[1]["job"])
+    swept = swept_keys(runs)
+    pairs = sorted(zip(runs, [_row(r, swept) for r in runs]), key=lambda p: p[1]["job"])
     runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
     if objective:
         runs, rows = ranked(runs, rows, objective, direction or "minimize")
@@ -169,16 +208,16 @@ def write_report(
         if r["status"] != "FINISHED" and not any(s["num"] == r["job"] and s["returncode"] for s in results)
     ]
     with open(os.path.join(sweep_dir, "report.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS + swept)  # every column, the shared ones too: for scripts
         writer.writeheader()
         writer.writerows(rows)
     with open(os.path.join(sweep_dir, "report.md"), "w") as f:
-        f.write(markdown(rows))
+        f.write(markdown(rows, swept))
     files = [os.path.join(sweep_dir, "report.csv"), os.path.join(sweep_dir, "report.md")]
     files += plots(client, runs, rows, sweep_dir)
     for path in files:
         client.log_artifact(parent_id, path, "report")
-    print("\n" + table_text(rows) + "\n")
+    print("\n" + table_text(rows, swept) + "\n")
     print(f"report: {sweep_dir}/report.md, report.csv and plots; MLflow parent run {parent.info.run_name} ({parent_id})")
     client.set_tag(parent_id, "sweep.failed_jobs", str(len(failed)))
     client.set_terminated(parent_id, "FAILED" if failed else "FINISHED")

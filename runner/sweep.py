@@ -30,14 +30,32 @@ HYDRA_LAUNCHER_LOGS = (
     "hydra_plugins.hydra_joblib_launcher._core",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
 )
+OPTUNA_SWEEPER_LOG = "hydra_plugins.hydra_optuna_sweeper._impl"
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
 
 
 class _NoPerJobLine(logging.Filter):
-    """Drops a launcher's `\t#<n> : <overrides>` line; keeps the rest (how many jobs, how they are launched)."""
+    """Drops a launcher's `\t#<n> : <overrides>` line, and its `Launching 1 jobs locally` said again for every
+    trial of a sampling sweeper; keeps the rest (how many jobs, how they are launched), once."""
+
+    def __init__(self):
+        super().__init__()
+        self.said = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not re.match(r"\s*#\d+ : ", record.getMessage())
+        message = record.getMessage()
+        if re.match(r"\s*#\d+ : ", message) or message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+class _NoStudyNoise(logging.Filter):
+    """Drops the Optuna sweeper's lines that say nothing to a user (a generated study name, `Storage: None`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Study name: no-name-") or message == "Storage: None")
 
 
 def _state(sweep_dir: str, name: str) -> str:
@@ -263,6 +281,11 @@ class SweepCallback(Callback):
         logging.getLogger("submitit").addFilter(slurm_sweep.SacctQuiet())
         for name in HYDRA_LAUNCHER_LOGS:  # each job is announced once, by run_sweep_job, with secrets masked
             logging.getLogger(name).addFilter(_NoPerJobLine())
+        logging.getLogger(OPTUNA_SWEEPER_LOG).addFilter(_NoStudyNoise())
+        if "optuna" in str(hc.sweeper.get("_target_", "")):  # imported by its sweeper anyway, right after this
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)  # its coloured study and trial lines: the report tells
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later
@@ -272,6 +295,7 @@ class SweepCallback(Callback):
         except ConfigError as err:  # Hydra turns a callback's exception into a warning and runs the jobs anyway
             print(f"Error: {err}", file=sys.stderr)
             sys.exit(err.exit_code)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # "Experiment with name ... Creating a new experiment."
         mlflow.set_tracking_uri(uri)
         experiment = mlflow.set_experiment(config.mlflow.experiment_name)
         run = client.create_run(

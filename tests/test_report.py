@@ -162,20 +162,41 @@ def test_scaling_efficiency_is_over_the_fastest_one_replica_job_of_the_same_exec
 
 
 def test_table_text_aligns_columns_and_formats_numbers():
-    rows = [row(0, examples_per_sec=12345.678, final_loss=0.123456), row(10, examples_per_sec=99.5, final_loss="")]
+    rows = [row(0, examples_per_sec=12345.678, final_loss=0.123456), row(10, replicas=2, examples_per_sec=99.5, final_loss="")]
     lines = report.table_text(rows).splitlines()
-    assert len(lines) == 3 and lines[0].split() == report.COLUMNS
+    shown = [c for c in report.COLUMNS if c not in ("strategy", "executor")]  # the same in both: said once, below
+    assert len(lines) == 4 and lines[0].split() == shown and lines[3] == "every job: strategy=s, executor=fit"
     assert "12,345.7" in lines[1] and "0.1235" in lines[1] and "99.5000" in lines[2]
-    starts = [line.index("FINISHED") for line in lines[1:]]
+    starts = [line.index("FINISHED") for line in lines[1:3]]
     assert starts[0] == starts[1] == lines[0].index("status")
 
 
 def test_markdown_has_a_header_a_rule_and_one_line_per_row():
-    text = report.markdown([row(0), row(1)])
+    text = report.markdown([row(0), row(1, executor="custom_loop")])
     lines = text.splitlines()
-    assert text.endswith("\n") and len(lines) == 4
-    assert lines[1] == "|" + "---|" * len(report.COLUMNS)
-    assert lines[3].startswith("| 1 | job-1 | FINISHED | s | fit | 1 | 100.0 |")
+    assert text.endswith("\n") and len(lines) == 6 and lines[5] == "every job: strategy=s, replicas=1"
+    assert lines[1] == "|" + "---|" * (len(report.COLUMNS) - 2)
+    assert lines[3].startswith("| 1 | job-1 | FINISHED | custom_loop | 100.0 |")
+
+
+def test_a_search_shows_the_values_it_searched_and_not_what_every_trial_shares(sweep, capsys):
+    client, parent, sweep_dir, job = sweep
+    for num, lr, batch in ((0, "0.03028525153605885", 32), (1, "0.013913346327363716", 128)):
+        run_id = job(num, "default", "fit", replicas=1, examples_per_sec=10.0, losses=[0.5 + num], returncode=0)
+        overrides = f"train.optimizer.learning_rate={lr} train.global_batch_size={batch} experiment=tune_lr train.epochs=1"
+        client.set_tag(run_id, "overrides", overrides)
+
+    report.write_report(client.tracking_uri, parent, str(sweep_dir), "eval/loss", "minimize")
+
+    out = capsys.readouterr().out.splitlines()
+    table = out[out.index(next(line for line in out if line.startswith("job "))) :][:3]
+    assert table[0].split()[:5] == ["job", "run", "status", "train.optimizer.learning_rate", "train.global_batch_size"]
+    assert table[1].split()[3:5] == ["0.03029", "32"] and table[2].split()[3:5] == ["0.01391", "128"]
+    assert "strategy" not in table[0] and "executor" not in table[0] and "train.epochs" not in table[0]
+    csv_rows = read_csv(sweep_dir / "report.csv")  # every column for scripts, the searched values as given
+    assert list(csv_rows[0]) == report.COLUMNS + ["train.optimizer.learning_rate", "train.global_batch_size"]
+    assert csv_rows[0]["train.optimizer.learning_rate"] == "0.03028525153605885" and csv_rows[0]["strategy"] == "default"
+    assert "| train.optimizer.learning_rate | train.global_batch_size |" in (sweep_dir / "report.md").read_text()
 
 
 @pytest.mark.parametrize("direction,order", [("minimize", ["2", "0", "1", "3"]), ("maximize", ["1", "0", "2", "3"])])
