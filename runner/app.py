@@ -4,6 +4,7 @@ import glob
 import importlib
 import json
 import logging
+import math
 import os
 import sys
 
@@ -243,7 +244,10 @@ def _written(cfg, summary: dict) -> dict:
     """summary.json in the output directory, for whoever started this run (a sweep reads its objective there)."""
     if cfg.output_dir and summary.get("steps") is not None:  # a trainer's (ps and evaluator tasks train nothing)
         with open(layout.summary_path(cfg.output_dir), "w") as f:
-            json.dump({k: v for k, v in summary.items() if isinstance(v, (int, float, str))}, f, indent=1)
+            figures = {k: v for k, v in summary.items() if isinstance(v, (int, float, str))}
+            # NaN is not JSON (jq, browsers and strict parsers refuse the file): a figure that is not finite is null
+            figures = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in figures.items()}
+            json.dump(figures, f, indent=1, allow_nan=False)
     return summary
 
 
@@ -282,6 +286,7 @@ def main(cfg: DictConfig) -> float | None:
             restore_record()  # a refused resume= trained nothing: its command is not the run's record
         print(redact(f"Error: {err}"), file=sys.stderr)
         sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        print("Interrupted: the MLflow run is marked KILLED and every task was stopped.", file=sys.stderr)
+    except KeyboardInterrupt as err:  # before the signal handlers were installed (or a task that only serves)
+        marked = " the MLflow run is marked KILLED and" if getattr(err, "run_killed", False) else ""
+        print(f"Interrupted:{marked} nothing was left running.", file=sys.stderr)
         sys.exit(130)

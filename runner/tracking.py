@@ -144,6 +144,7 @@ def mlflow_run(cfg: DictConfig, overrides=()) -> Iterator[RunLog]:
     except (KeyboardInterrupt, Stopped) as err:
         status = "KILLED"
         runlog.set_tags({"stopped_by": getattr(err, "signal_name", "SIGINT")})
+        err.run_killed = runlog.owner  # what the message may say: this process ends the run KILLED
         raise
     except BaseException as err:
         if isinstance(err, ConfigError) and runlog.previous_status:

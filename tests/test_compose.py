@@ -2,6 +2,7 @@
 README documents, the output directories, and the mistakes refused before TensorFlow, whether Hydra refuses them
 while composing (unknown keys and options, wrong types) or the runner's checks right after."""
 
+import json
 import re
 
 import pytest
@@ -116,3 +117,14 @@ def test_mistakes_are_refused_naming_the_key(overrides, needles):
     message = refusal(*overrides)
     for needle in needles:
         assert needle in message, message
+
+
+def test_summary_json_is_strict_json_when_a_figure_is_not_finite(tmp_path):
+    cfg = OmegaConf.create({"output_dir": str(tmp_path)})
+    app._written(cfg, {"steps": 0, "final_loss": float("nan"), "eval/loss": float("inf"), "run_id": "abc", "steps_per_sec": 2.5})
+
+    def refuse(name):
+        raise ValueError(f"{name} in summary.json")
+
+    summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert summary == {"steps": 0, "final_loss": None, "eval/loss": None, "run_id": "abc", "steps_per_sec": 2.5}
