@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import claims, contract, layout, registry, schema
+from runner import claims, contract, hydra_private, layout, registry, schema
 from runner.builders import strategy_auto
 from runner.errors import ConfigError, RunnerError
 from runner.probes import writable_dir_problem
@@ -59,33 +59,7 @@ def yaml_problem(err) -> str:
     )
 
 
-def _yaml_errors_in_one_paragraph() -> None:
-    """Hydra prints a parser traceback for a config file that is not valid YAML (the error is not one of its own
-    and comes before the job runs, where it strips nothing). Raised as Hydra's composition error instead, it is
-    printed as its message alone, with exit 1, like every other config Hydra cannot compose; HYDRA_FULL_ERROR=1
-    still shows the trace. Hydra has no public hook for this: without the private class, its traceback stays."""
-    import yaml
-    from hydra.errors import ConfigCompositionException
-
-    try:
-        from hydra._internal.config_repository import ConfigRepository
-    except ImportError:
-        return
-    load = ConfigRepository.load_config
-    if getattr(load, "_runner_yaml", False):
-        return
-
-    def load_config(self, config_path):
-        try:
-            return load(self, config_path)
-        except yaml.YAMLError as err:
-            raise ConfigCompositionException(yaml_problem(err)) from err
-
-    load_config._runner_yaml = True
-    ConfigRepository.load_config = load_config
-
-
-_yaml_errors_in_one_paragraph()
+hydra_private.install()  # Hydra's messages for configs it cannot compose, in one paragraph
 
 
 def output_dir_problem(argv) -> str:

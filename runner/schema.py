@@ -13,7 +13,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from runner import registry
+from runner import hydra_private, registry
 from runner.builders.data_sources import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
 from runner.builders.model import Loss, Optimizer
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
@@ -109,6 +109,7 @@ GROUP_SCHEMAS = {group: {name: o.schema for name, o in registry.options(group).i
 
 
 def register() -> None:
+    hydra_private.install()  # a mistyped key or option composed against these schemas: the closest names
     cs = ConfigStore.instance()
     cs.store(name="runner_schema", node=RunnerConfig)
     for group in registry.GROUPS:

@@ -1,11 +1,13 @@
 """The command lines a user meets first, run as real subprocesses: `python -m runner.dashboard`,
-`python -m runner --help` and `python -m runner.deliver`."""
+`python -m runner --help` and `python -m runner.deliver`; and what a mistyped key or option on that command line
+gets back (in process, through Hydra's compose API, and end to end)."""
 
 import os
 import queue
 import re
 import signal
 import socket
+import string
 import subprocess
 import sys
 import threading
@@ -14,8 +16,15 @@ import urllib.request
 
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from runner import helptext, registry, schema, validate
+from runner.errors import ConfigError
 
 from helpers import ROOT
+
+schema.register()
 
 CONF = ROOT / "conf"
 HELP_YAML = CONF / "hydra" / "help" / "runner.yaml"
@@ -115,10 +124,38 @@ def test_dashboard_verbose_keeps_the_servers_own_output():
 
 
 def _help_groups():
-    """{group: [options]} as the --help template lists them."""
+    """{group: [options]} as the --help template lists them (`group: a, b, c  (what the group is)`)."""
     template = yaml.safe_load(HELP_YAML.read_text())["template"]
     section = template.split("== Config groups")[1].split("==\n", 1)[1].split("\n== ")[0]
-    return {m.group(1): m.group(2).split(", ") for m in re.finditer(r"^(\w+): (.+)$", section, re.M)}
+    return {m.group(1): m.group(2).split("  (")[0].split(", ") for m in re.finditer(r"^(\w+): (.+)$", section, re.M)}
+
+
+def _composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def _help_text(*overrides) -> str:
+    """What `python -m runner --help` prints, in process: Hydra's help config, composed, through its template as
+    Hydra fills it (hydra/_internal/hydra.py, get_help); the dynamic parts are empty, as the template uses none."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    filled = dict(FLAGS_HELP="", HYDRA_CONFIG_GROUPS="", APP_CONFIG_GROUPS="", CONFIG="")
+    return string.Template(cfg.hydra.help.template).substitute(filled)
+
+
+def _option_lines(text: str) -> dict[str, dict[str, str]]:
+    """{group: {option: its description}} from the option lines of the help's Config groups section."""
+    section = text.split("== Config groups")[1].split("\n== ")[0]
+    found, group = {}, None
+    for line in section.splitlines()[1:]:
+        heading = re.match(r"^(\w+): ", line)
+        if heading:
+            group = heading.group(1)
+            found[group] = {}
+        elif m := re.match(r"^    (\w+)(\*?)  +(\S.*)$", line):
+            found[group][m.group(1) + m.group(2)] = m.group(3)
+    return found
 
 
 def test_help_template_lists_every_group_and_option_in_conf():
@@ -139,6 +176,171 @@ def test_help_template_names_every_plain_node():
         assert re.search(rf"^{key}\b", plain, re.M), f"{key} is missing from the --help template"
 
 
+def test_help_is_one_page_and_the_composed_config_only_on_request():
+    """--help was 152 lines, 80 of them the composed config: now what the command does, the groups, the most-used
+    keys and examples, in about 60 lines of at most 114 characters; `--cfg job` prints the config."""
+    text = _help_text("strategy=mirrored")
+    lines = text.splitlines()
+    assert len(lines) <= 66, f"--help is {len(lines)} lines"
+    assert max(len(line) for line in lines) <= helptext.WIDTH
+    assert "$CONFIG" not in yaml.safe_load(HELP_YAML.read_text())["template"]
+    assert "name: mirrored" not in text and "_target_: runner.models" not in text  # no config dump
+    assert lines[0].startswith("python -m runner: a TensorFlow tf.distribute experiment")
+    assert "python -m runner --cfg job" in text and "Usage: python -m runner [group=option ...] [key=value ...]" in text
+    for section in ("== Config groups", "== Plain config nodes"):
+        assert section in text
+    assert "--hydra-help" in text and "$MLFLOW_TRACKING_URI" in text  # `$$` in the template is one dollar sign
+
+
+def test_help_lists_the_default_option_first_and_marks_it():
+    """strategy=auto, the default, was listed last: each group's default (conf/config.yaml) comes first in its
+    heading and on its option lines, marked `*`; model's options stay by name (the default marked only)."""
+    defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
+    default = {g: o for d in defaults if isinstance(d, dict) for g, o in d.items() if o and not g.startswith("override")}
+    assert helptext.defaults() == default
+    groups, options = _help_groups(), _option_lines(_help_text())
+    assert groups["strategy"][0] == "auto" and next(iter(options["strategy"])) == "auto*"
+    for group, names in groups.items():
+        marked = [name for name in options[group] if name.endswith("*")]
+        assert marked == ([default[group] + "*"] if group in default else []), group
+        if group in registry.GROUPS:
+            assert names[0] == default[group] and next(iter(options[group])) == default[group] + "*", group
+    assert "one of the others" in options["strategy"]["auto*"]  # not "of the above": it is listed first now
+
+
+def test_help_describes_every_option_on_one_line_models_included():
+    """Every option of every group has a description on its own line; model's (and experiment's) come from the
+    first sentence of its YAML file's leading comment, so a new model file brings its own."""
+    options = _option_lines(_help_text())
+    assert {g: sorted(n.rstrip("*") for n in names) for g, names in options.items()} == {
+        g: sorted(names) for g, names in _help_groups().items()
+    }
+    for group, described in options.items():
+        for name, text in described.items():
+            assert len(text) >= 10, f"{group}={name} has no description"
+    assert options["model"]["mlp*"].startswith("Dense layers with an activation")
+    assert options["model"]["cnn"] == "Conv2D + max-pool blocks, then Dense layers"
+    assert "model.application" in options["model"]["keras_app"]
+    for path in sorted((CONF / "model").glob("*.yaml")) + sorted((CONF / "experiment").glob("*.yaml")):
+        assert len(helptext.described(path)) >= 10, f"{path.name} starts with no comment that describes it"
+
+
+def test_one_line_cuts_at_a_clause_boundary():
+    assert helptext.one_line("short", 10) == "short"
+    assert helptext.one_line("a thing, with more, and more still", 20) == "a thing, with more"
+    assert helptext.one_line("name (a: b, c; d: e)", 16) == "name (a: b, c)"  # inside brackets at '; ', closed
+    assert len(helptext.one_line("x" * 50, 20)) == 20
+
+
+# --- a mistyped key, group or option: one paragraph, the closest real names (Hydra's refusals: exit 1) ---------------
+def _refused(*overrides, kind=ConfigCompositionException) -> str:
+    with pytest.raises(kind) as err:
+        _composed(*overrides)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("Error: "), message  # one paragraph
+    assert err.value.__cause__ is None  # Hydra would print an OmegaConf cause as a second block
+    return message
+
+
+@pytest.mark.parametrize(
+    "override,needles",
+    [
+        # tests/test_errors.py's rows keep Hydra's own words in the paragraph
+        (
+            "train.epoch=3",
+            [
+                "train.epoch is not a key of train: did you mean train.epochs=3?",
+                "Key 'epoch' not in 'TrainConfig'",
+                "full_key: train.epoch",
+                "The keys of train are: epochs, steps_per_epoch",
+            ],
+        ),  # fmt: skip
+        ("stratgy=mirrored", ["stratgy is not a key of the config: did you mean strategy=mirrored?"]),
+        ("trian.epochs=3", ["trian is not a key of the config: did you mean train.epochs=3?"]),
+        ("train.optimizer.learnig_rate=0.1", ["did you mean train.optimizer.learning_rate=0.1?"]),
+        ("hydra.run.dri=x", ["did you mean hydra.run.dir=x?"]),
+        ("model.hiden_units=[3]", ["did you mean model.hidden_units=[3]?", "A new key is added with +model.hiden_units=[3]"]),
+        ("train.zzzzz=1", ["train.zzzzz is not a key of train, and none of its keys has a similar name"]),
+        # a key of another option than the selected one (strategy=auto has none of its own)
+        ("strategy.devices=[/cpu:0]", ["is not a key of strategy=auto", "strategy=mirrored strategy.devices=[/cpu:0]"]),
+    ],
+)
+def test_a_mistyped_key_is_one_paragraph_with_the_closest_keys(override, needles):
+    message = _refused(override)
+    for needle in needles:
+        assert needle in message, message
+    assert "--cfg job" in message and "To append to your config" not in message  # `+` would bypass the schema
+
+
+def test_a_key_of_the_option_next_door_gets_both_hints():
+    message = _refused("strategy=mirrored", "strategy.device=/gpu:0")
+    assert "did you mean strategy.devices=/gpu:0?" in message and "Key 'device' not in 'MirroredConfig'" in message
+    assert "strategy=one_device strategy.device=/gpu:0" in message, message
+
+
+@pytest.mark.parametrize(
+    "override,needles",
+    [
+        (
+            "strategy=mirored",
+            [
+                "strategy=mirored is not an option of strategy: did you mean strategy=mirrored?",
+                "Could not find 'strategy/mirored'",
+                "central_storage",
+                "searched pkg://hydra.conf",
+            ],
+        ),  # fmt: skip
+        ("executor=custom_lop", ["did you mean executor=custom_loop?"]),
+        ("executor=fast", ["executor=fast is not an option of executor, and no option has a similar name", "custom_loop, fit"]),
+        ("hydra/launcher=jobib", ["did you mean hydra/launcher=joblib?"]),
+    ],
+)
+def test_a_mistyped_option_is_one_paragraph_with_the_closest_options(override, needles):
+    message = _refused(override, kind=MissingConfigException)
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_a_key_added_past_the_schema_gets_the_same_hint_from_the_runners_check():
+    """`+key=value` bypasses Hydra's refusal; runner/validate.py refuses the key (exit 2) with the same hint."""
+    for overrides, needle in [
+        (["+train.epoch=3"], "train.epoch is not a key of train (added with +train.epoch=...?): did you mean train.epochs=3?"),
+        (["+stratgy=mirrored"], "stratgy is not a key of the config (added with +stratgy=...?): did you mean strategy=mirrored?"),
+        (["strategy=mirrored", "+strategy.devicez=[/cpu:0]"], "strategy.devicez is not a key of strategy=mirrored"),
+        (["+train.optimizer.momentun=0.9"], "did you mean train.optimizer.momentum=0.9?"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            validate.check_config(_composed(*overrides))
+        assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+        assert err.value.exit_code == 2
+
+
+def test_close_names_suggests_only_what_is_close():
+    assert validate.close_names("epoch", ["epochs", "seed", "loss"]) == ["epochs"]
+    assert validate.close_names("zzz", ["epochs", "seed"]) == []
+
+
+@pytest.mark.slow  # end to end: runs `python -m runner` five times
+def test_a_mistyped_name_on_the_command_line_exits_as_documented_with_a_hint(tmp_path):
+    """README: Hydra refuses unknown keys and options while composing (exit 1); keys that `+key=value` added past
+    the schemas are the runner's check (exit 2). Each is one paragraph (and Hydra's HYDRA_FULL_ERROR line), no
+    traceback, before TensorFlow."""
+    for args, code, needle in [
+        (["train.epoch=3"], 1, "did you mean train.epochs=3?"),
+        (["stratgy=mirrored"], 1, "did you mean strategy=mirrored?"),
+        (["strategy=mirored"], 1, "did you mean strategy=mirrored?"),
+        (["+train.epoch=3"], 2, "did you mean train.epochs=3?"),
+        (["--help", "train.epoch=3"], 1, "did you mean train.epochs=3?"),  # Hydra's help path printed a traceback
+    ]:
+        argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={tmp_path}/run", "mlflow.enabled=false"]
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == code and needle in done.stderr, (args, done.returncode, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr and done.stderr.startswith("Error: "), done.stderr[-2000:]
+        assert len([p for p in done.stderr.split("\n\n") if p.strip()]) <= 2, done.stderr
+        assert time.monotonic() - started < 30  # before TensorFlow (its import alone is seconds)
+
+
 @pytest.mark.slow  # end to end: runs the runner in a subprocess
 def test_help_lists_the_user_groups_not_the_schemas_and_skips_tensorflow():
     probe = (
@@ -152,12 +354,12 @@ def test_help_lists_the_user_groups_not_the_schemas_and_skips_tensorflow():
     assert "schema/" not in out
     for group, options in _help_groups().items():
         assert f"{group}: {', '.join(options)}" in out
-    assert "strategy:\n  name: mirrored" in out  # the composed config, with the overrides given
-    assert "TF_LOADED=False" in out
+    assert "name: mirrored" not in out and "python -m runner --cfg job" in out  # the composed config: on request only
+    assert len(out.splitlines()) <= 66 and "TF_LOADED=False" in out
 
 
 def test_help_into_a_reader_that_stops_early_prints_no_traceback():
-    """`python -m runner --help | head -1`: the reader goes away after one line; the rest of --help (150 lines) meets
+    """`python -m runner --help | head -1`: the reader goes away after one line; the rest of --help (about 60 lines, 4.8 kB) meets
     a closed pipe. A pipe smaller than --help makes that certain here: stdout is a socket pair with a tiny buffer."""
     import socket
 

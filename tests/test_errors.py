@@ -28,8 +28,12 @@ class Row:
 # {busy}: a port a test socket listens on; {free}: a port nothing listens on; {tmp}: this test's directory.
 ROWS = {
     # Hydra composition, against the typed schemas (exit 1): no TensorFlow import
-    "unknown-option": Row(["strategy=mirored"], 1, ["Could not find 'strategy/mirored'", "mirrored", "central_storage"]),
-    "unknown-key": Row(["train.epoch=3"], 1, ["Key 'epoch' not in 'TrainConfig'", "full_key: train.epoch"]),
+    "unknown-option": Row(
+        ["strategy=mirored"], 1, ["did you mean strategy=mirrored?", "Could not find 'strategy/mirored'", "central_storage"]
+    ),
+    "unknown-key": Row(
+        ["train.epoch=3"], 1, ["did you mean train.epochs=3?", "Key 'epoch' not in 'TrainConfig'", "full_key: train.epoch"]
+    ),
     "wrong-type": Row(["train.epochs=many"], 1, ["full_key: train.epochs", "'many'"]),
     "unknown-strategy-argument": Row(
         ["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]

@@ -1,0 +1,29 @@
+"""runner/hydra_private.py: the private Hydra names it rewrites still exist with the shape the hooks call, and the
+hooks are in place once the runner's config is registered (a Hydra release that moves them fails here, loudly)."""
+
+import importlib
+import inspect
+
+from runner import hydra_private, schema
+
+
+def _resolve(dotted):
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_the_private_names_exist_with_the_arguments_the_hooks_pass():
+    repository = _resolve(hydra_private.CONFIG_REPOSITORY)
+    loader = _resolve(hydra_private.CONFIG_LOADER)
+    assert list(inspect.signature(repository.load_config).parameters)[:2] == ["self", "config_path"]
+    assert list(inspect.signature(loader._apply_overrides_to_config).parameters)[:2] == ["overrides", "cfg"]
+    assert callable(loader.load_configuration)
+
+
+def test_install_puts_each_hook_in_place_once():
+    schema.register()
+    hydra_private.install()
+    repository = _resolve(hydra_private.CONFIG_REPOSITORY)
+    loader = _resolve(hydra_private.CONFIG_LOADER)
+    for hooked in (repository.load_config, loader.load_configuration, loader._apply_overrides_to_config):
+        assert getattr(hooked, hydra_private._MARK, False) or hooked.__qualname__.endswith("apply_overrides")
