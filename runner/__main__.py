@@ -1,12 +1,26 @@
 """`python -m runner ...` (and the `tf-runner` script): compose the Hydra config and run one experiment."""
 
-from runner import env
+import os
+import signal
+
+
+def _while_starting(signum, frame):
+    # Ctrl-C during the imports or the checks before Hydra: nothing has started yet, and a traceback of
+    # whichever import was running says nothing
+    os.write(2, f"Stopped: {signal.Signals(signum).name} received while starting; nothing was left running.\n".encode())
+    os._exit(128 + signum)
+
+
+signal.signal(signal.SIGINT, _while_starting)
+
+from runner import env  # noqa: E402
 
 env.prepare()
 
 import logging  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
+
+from hydra.errors import HydraException  # noqa: E402
 
 from runner import teardown  # noqa: E402
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
@@ -25,6 +39,7 @@ def cli() -> None:
         print(f"Error: {problem}", file=sys.stderr)
         sys.exit(2)
     logging.raiseExceptions = False  # stdout closed early (| head): a log line must not become a traceback
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt is handled below
     try:
         main()
     except SystemExit as done:  # Hydra and the runner exit through SystemExit; the code is kept
@@ -38,6 +53,10 @@ def cli() -> None:
         kill_parent_run(signum)
         print(f"Stopped: {signal.Signals(signum).name} received; nothing was left running.", file=sys.stderr)
         teardown.exit(128 + signum)
+    except HydraException as err:  # --help with a bad override: Hydra's help path reports no error of its own
+        text = str(err)
+        print(text if text.startswith("Error: ") else f"Error: {text}", file=sys.stderr)
+        teardown.exit(1)
     teardown.exit(0)
 
 

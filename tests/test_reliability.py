@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import LiveRun, leftover_processes, mlflow_run_by_name, run_runner
+from helpers import LiveRun, leftover_processes, live_group_members, mlflow_run_by_name, run_runner
 
 pytestmark = pytest.mark.slow  # end to end: signals, kills and resumes real `python -m runner` runs
 
@@ -201,31 +201,33 @@ def test_a_preempted_worker_makes_the_cluster_checkpoint_together(runner):
 
 
 def test_metrics_survive_a_tracking_server_that_goes_away_mid_run(runner, mlflow_server, tmp_path):
-    """The server is killed while training runs and started again later: training goes on, every metric point is
-    delivered, and the run ends FINISHED. A second run whose server stays down saves an outbox that
-    `python -m runner.deliver` sends once the server is back."""
+    """The server is killed twice while Model.fit trains and started again each time: training goes on, every
+    metric point is delivered, and the run ends FINISHED with no traceback. A second run whose server stays down
+    saves an outbox that `python -m runner.deliver` sends once the server is back."""
     args = [
-        "executor=custom_loop",
-        "train.epochs=200",
+        "executor=fit",
+        "train.epochs=600",
         "train.log_every_n_steps=8",
         "mlflow.flush_every_sec=1",
         f"mlflow.experiment_name={EXPERIMENT}",
         "mlflow.run_name=server-outage",
     ]
     live = LiveRun(args, tmp_path, tmp_path / "outage", mlflow_server.uri)
-    live.wait_for(lambda line: "epoch 2/200" in line, 120)
-    time.sleep(1.5)  # a first flush has reached the server
-    mlflow_server.stop()
-    live.wait_for(lambda line: "cannot take metrics now" in line, 60)
-    progress = live.wait_for(lambda line: re.search(r"epoch \d+/200", line), 60)  # training goes on meanwhile
-    mlflow_server.start()
+    live.wait_for(lambda line: "epoch 2/600" in line, 120)
+    for _outage in range(2):
+        time.sleep(1.5)  # a flush has reached the server
+        mlflow_server.stop()
+        live.wait_for(lambda line: "cannot take metrics now" in line, 60)
+        progress = live.wait_for(lambda line: re.search(r"epoch \d+/600", line), 60)  # training goes on meanwhile
+        mlflow_server.start()
+        live.wait_for(lambda line: "is reachable again" in line, 120)
     code, output = live.finish(timeout=300)
     assert code == 0, output[-3000:]
-    assert progress and "is reachable again" in output
+    assert progress and "Traceback" not in output and "Exception" not in output, output[-3000:]
     client, run = _server_run(mlflow_server.uri, "server-outage")
     assert run.info.status == "FINISHED"
     steps = [m.step for m in history(mlflow_server.uri, run.info.run_id, "loss")]
-    expected = [e * 64 + s for e in range(200) for s in [*range(8, 64, 8), 64]]
+    expected = [e * 64 + s for e in range(600) for s in [*range(8, 64, 8), 64]]
     assert steps == expected  # every point, once
 
     # The server is down at the end and stays down past mlflow.delivery_timeout_sec: an outbox keeps the rest.
@@ -359,3 +361,38 @@ def test_secrets_stay_out_of_logs_params_and_tags(mlflow_server, tmp_path):
     assert again.returncode == 0 and "done: 3 steps" in again.stdout, (again.stdout + again.stderr)[-3000:]
     assert not any(s in again.stdout + again.stderr for s in [*secrets.values(), "url-6d5e4f"])  # its "resumed from" line too
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "importing",  # before Hydra: the interpreter is importing the runner
+        "strategy=auto chose",  # composed, importing TensorFlow; no MLflow run yet
+        "training with",  # the run exists, training starts
+        "model saved to",  # training is over: saving, the MLflow model, the last delivery
+    ],
+)
+def test_ctrl_c_at_any_moment_ends_cleanly(runner, moment):
+    name = "ctrl-c-" + re.sub(r"\W+", "-", moment)
+    live = LiveRun(
+        ["train.epochs=1", "train.steps_per_epoch=20", f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"],
+        runner.root,
+        runner.root / "runs" / name,
+        runner.uri,
+    )
+    if moment == "importing":
+        time.sleep(0.2)
+    else:
+        live.wait_for(lambda line: moment in line, 120)
+    live.ctrl_c()
+    code, output = live.finish(timeout=60)
+    assert code in (130, 0), output[-3000:]  # 0: it had finished before the signal came
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert re.search(r"^(Stopped|Interrupted): ", output, re.M) or code == 0, output[-3000:]
+    if moment in ("training with", "model saved to"):
+        _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+        assert run.info.status in ("KILLED", "FINISHED"), run.info.status  # never left RUNNING
+    deadline = time.monotonic() + 10
+    while live_group_members(live.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_group_members(live.proc.pid) == [], "the run left processes behind (sentinel, MLflow process)"
