@@ -55,12 +55,13 @@ def export(data_cfg, out: str, shards: int, eval_shards: int | None = None) -> d
         raise ConfigError(
             f"data={data_cfg.name} streams from files and is never loaded whole; export reads ones, synthetic, digits or npz."
         )
-    arrays = datasets.load(data_cfg)
-    os.makedirs(out, exist_ok=True)
     from runner import env
 
     env.prepare()  # TensorFlow's environment, as the runner sets it, before its import
-    import tensorflow as tf
+    with env.native_stderr_captured():  # TensorFlow's C++ start-up lines (absl, CUDA probes), shown only on failure
+        arrays = datasets.load(data_cfg)
+        import tensorflow as tf
+    os.makedirs(out, exist_ok=True)
 
     task = arrays.task
     records = _write_split(tf, out, "train", arrays.x_train, arrays.y_train, task, shards)

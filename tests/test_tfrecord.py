@@ -56,6 +56,7 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("tfrecords")
     digits = export(root / "digits", "data=digits")
     assert "wrote 1438 training and 359 eval records of data=digits" in digits.stdout
+    assert digits.stderr.strip() == "", digits.stderr  # TensorFlow's C++ start-up lines (absl, CUDA) were printed
     export(root / "synthetic", "data=synthetic", "data.num_examples=256", "data.eval_examples=64")
     return root
 
