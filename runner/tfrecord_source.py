@@ -13,6 +13,7 @@ probed here, their spec must be in the config, and train.steps_per_epoch must be
 
 import glob
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from runner.tfrecord_format import NotTFRecord, count_records, example_features,
 SPEC_FILE = "tfrecord.json"  # beside the files: features, label, task, num_classes, records per file
 ID_FEATURE = "id"  # int64 written by runner.export in every record: which records a worker read (data.record_ids_dir)
 STORED_AS = {"float32": "float", "int64": "int64"}  # data.features.<name>.dtype -> the Example's value list
+
+log = logging.getLogger("runner")
 
 
 def remote(path: str) -> bool:
@@ -181,8 +184,9 @@ def check_file(key: str, path: str, features: dict, with_ids: bool) -> bool:
     return True
 
 
-def _records(files: list[str], spec_file: dict) -> int | None:
-    """Records in the files: the spec file's counts where it has them for an unchanged file, else counted."""
+def _records(files: list[str], spec_file: dict, key: str = "data.train_files") -> int | None:
+    """Records in the files: the spec file's counts where it has them for an unchanged file, else counted (which
+    walks every record's header: a file cut short is found here, before training, not hours into it)."""
     known = spec_file.get("records", {})
     total = 0
     for path in files:
@@ -197,7 +201,7 @@ def _records(files: list[str], spec_file: dict) -> int | None:
             try:
                 total += count_records(path)
             except NotTFRecord as err:
-                raise ConfigError(f"data.train_files: {path} is not a whole TFRecord file: {err}.") from None
+                raise ConfigError(f"{key}: {path} is not a whole TFRecord file: {err}.") from None
     return total
 
 
@@ -213,5 +217,16 @@ def load_source(cfg, count: bool = True) -> TFRecordSource:
         filled = [check_file(key, f, features, with_ids and files is train) for f in local]  # ids: training only
         if local and not any(filled) and len(local) == len(files):
             raise ConfigError(f"{key}: the {len(local)} file(s) it matches hold no records.")
+        empty = [f for f, holds in zip(local, filled) if not holds]
+        if count and empty and (key == "data.train_files" or evals is not train):  # once: by the load (not the probe), for one key
+            log.warning(
+                "%s: %d of %d file(s) hold no records (%s): a shard that was never written? Training goes on without them.",
+                key,
+                len(empty),
+                len(files),
+                ", ".join(os.path.basename(f) for f in empty[:3]) + (", ..." if len(empty) > 3 else ""),
+            )
     records = _records(train, spec_file) if count else None
+    if count and evals is not train:
+        _records(evals, spec_file, "data.eval_files")  # cut short: refused now, not after training
     return TFRecordSource(train, evals, features, label, task, num_classes, records)

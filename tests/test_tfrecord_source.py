@@ -129,6 +129,18 @@ def test_bad_files_are_named(tmp_path):
     npz_like = tmp_path / "raw.tfrecord"
     write_records(str(npz_like), [b"\xff\xff\xff"])
     refused(data_cfg(train_files=str(npz_like)), "not tf.train.Example")
+    # an eval file cut short after its first record: found before training, not by the evaluation after it
+    refused(data_cfg(train_files=good, eval_files=str(truncated)), "data.eval_files", str(truncated), "truncated", count=True)
+
+
+def test_an_empty_file_among_the_shards_is_said_once(tmp_path, caplog):
+    write_split(tmp_path, "train", 6)
+    (tmp_path / "train-2.tfrecord").write_bytes(b"")  # a shard that was never written
+    with caplog.at_level("WARNING", logger="runner"):
+        source = load_source(data_cfg(train_files=str(tmp_path / "train-*.tfrecord")), count=True)
+    assert source.train_records == 6
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "data.train_files: 1 of 3 file(s) hold no records (train-2.tfrecord)" in said[0], said
 
 
 @pytest.mark.parametrize(
