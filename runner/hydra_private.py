@@ -7,6 +7,7 @@ HYDRA_FULL_ERROR=1 still shows the trace.
   it comes before the job runs, where Hydra strips nothing. It is raised as Hydra's composition error instead.
 - A mistyped key (train.epoch=3, stratgy=mirrored) or option (strategy=mirored). Hydra's message runs over several
   lines and suggests nothing. It becomes one paragraph naming the closest real names (runner/validate.py builds it).
+- An override Hydra refuses quotes its value: a password in it (a URL given to the wrong key) is masked.
 tests/test_hydra_private.py fails loudly when a Hydra release moves any of these names. Until that test is fixed,
 install() leaves Hydra's own messages as they are.
 """
@@ -22,6 +23,12 @@ def install() -> None:
     """Both rewrites, once per process (idempotent)."""
     _yaml_errors_in_one_paragraph()
     _suggest_close_names()
+
+
+def redact_text(text: str) -> str:
+    from runner.redact import redact
+
+    return redact(text)
 
 
 def _cause(err):
@@ -84,8 +91,14 @@ def _suggest_close_names() -> None:
                     except Exception:  # the message is a courtesy: never hide Hydra's error behind another one
                         problem = None
                 if problem is None:
-                    raise
-                raise ConfigCompositionException(f"Error: {problem}") from _cause(err)
+                    from runner.redact import redact
+
+                    said = f"{err}\n{err.__cause__}" if err.__cause__ is not None else str(err)  # as Hydra prints it
+                    if redact(said) == said:
+                        raise
+                    # a password given in the wrong key (train.epochs=https://user:secret@host): Hydra quotes it
+                    raise ConfigCompositionException(redact(said)) from _cause(err)
+                raise ConfigCompositionException(f"Error: {redact_text(problem)}") from _cause(err)
 
     def load_configuration(self, *args, **kwargs):
         try:

@@ -272,6 +272,14 @@ def test_a_mistyped_key_is_one_paragraph_with_the_closest_keys(override, needles
     assert "--cfg job" in message and "To append to your config" not in message  # `+` would bypass the schema
 
 
+@pytest.mark.parametrize("override", ["train.epochs=https://alice:hunter2@host/x", "train.epoch=https://alice:hunter2@host/x"])
+def test_a_password_in_an_override_hydra_refuses_is_masked(override):
+    with pytest.raises(ConfigCompositionException) as err:
+        _composed(override)
+    said = f"{err.value}\n{err.value.__cause__ or ''}"  # what Hydra prints: the message, then its cause
+    assert "hunter2" not in said and "alice:***@host" in said, said
+
+
 def test_a_key_of_the_option_next_door_gets_both_hints():
     message = _refused("strategy=mirrored", "strategy.device=/gpu:0")
     assert "did you mean strategy.devices=/gpu:0?" in message and "Key 'device' not in 'MirroredConfig'" in message
