@@ -110,6 +110,13 @@ def claim_from_command_line(argv) -> str:
     # (parameter_server always has a chief). An unreadable TF_CONFIG is not asked: validation explains it.
     if os.environ.get("TF_CONFIG") and not layout.tf_config_chief("", os.environ["TF_CONFIG"]):
         return ""
+    given = {k: os.path.realpath(os.path.expanduser(v)) for k, _, v in (a.partition("=") for a in argv) if v}
+    if "resume" in given and "hydra.run.dir" in given and given["resume"] != given["hydra.run.dir"]:
+        return (
+            f"resume= and hydra.run.dir= name two directories ({given['resume']} and {given['hydra.run.dir']}): a "
+            "resumed run continues in its own directory, where its checkpoints, log and MLflow run id are. Drop "
+            "hydra.run.dir, or copy the directory where you want it and resume the copy."
+        )
     for arg in argv:
         key, _, path = arg.partition("=")
         # resume= only of a runner's directory (.hydra/ there): any other is refused later and must stay untouched

@@ -105,6 +105,17 @@ def test_tasks_that_share_their_jobs_directory_are_not_asked(tmp_path, monkeypat
         owner.wait()
 
 
+def test_resume_into_another_hydra_run_dir_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    message = claims.claim_from_command_line([f"resume={tmp_path / 'run'}", "hydra.run.dir=elsewhere"])
+    assert "resume= and hydra.run.dir= name two directories" in message and str(tmp_path / "elsewhere") in message
+    assert not (tmp_path / "elsewhere").exists() and list((tmp_path / "run").iterdir()) == [tmp_path / "run" / ".hydra"]
+    assert claims.claim_from_command_line([f"resume={tmp_path / 'run'}", "hydra.run.dir=run"]) == ""  # the same one
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # a task of a job: its launcher chose its directory
+    assert claims.claim_from_command_line([f"resume={tmp_path / 'run'}", "hydra.run.dir=run/task-1"]) == ""
+
+
 def test_resume_brings_back_the_first_commands_overrides(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)

@@ -140,7 +140,7 @@ def test_resume_continues_checkpoint_and_mlflow_run(runner):
     assert first.returncode == 0, first.output[-3000:]
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "resume")
     again = runner(
-        "resume-again",
+        "resume",  # the same directory: a resume continues in its own
         [
             *MWMS,
             "executor=custom_loop",

@@ -128,7 +128,7 @@ def test_a_truncated_checkpoint_falls_back_to_the_previous_one_and_a_finished_ru
     again = run_runner(
         [*TINY, "executor=custom_loop", "checkpoint.every_n_steps=2", "train.epochs=2", f"resume={checkpointed.run_dir}"],
         cwd=root,
-        run_dir=root / "checkpointed-again",
+        run_dir=checkpointed.run_dir,  # a resume continues in its own directory
         tracking_uri=uri,
     )
     assert again.returncode == 0, again.output[-3000:]
@@ -142,7 +142,7 @@ def test_a_truncated_checkpoint_falls_back_to_the_previous_one_and_a_finished_ru
     done = run_runner(
         [*TINY, "executor=custom_loop", "train.epochs=2", f"resume={checkpointed.run_dir}"],
         cwd=root,
-        run_dir=root / "checkpointed-done",
+        run_dir=checkpointed.run_dir,
         tracking_uri=uri,
     )
     assert done.returncode == 2, done.output[-3000:]
