@@ -26,13 +26,16 @@ from runner import teardown  # noqa: E402
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
 from runner.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
+from runner.validate import unquoted_non_ascii_problem  # noqa: E402
 
 
 def cli() -> None:
     """What runs before Hydra: resume='s saved overrides, and the checks of directories Hydra writes into first."""
     try:
         sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
-        problem = output_dir_problem(sys.argv[1:]) or claim_from_command_line(sys.argv[1:])
+        problem = (
+            unquoted_non_ascii_problem(sys.argv[1:]) or output_dir_problem(sys.argv[1:]) or claim_from_command_line(sys.argv[1:])
+        )
     except ConfigError as err:
         problem = str(err)
     if problem:

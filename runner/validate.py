@@ -363,3 +363,26 @@ def registered_model_name(cfg):
             f"mlflow.register_as={name} registers the logged model, but {' and '.join(k + '=false' for k in off)}: "
             "drop mlflow.register_as, or turn them back on."
         )
+
+
+def unquoted_non_ascii_problem(argv) -> str:
+    """Hydra's override grammar takes characters beyond ASCII (données.npz, sortie-é) only inside quotes, and says
+    `LexerNoViableAltException` with a caret otherwise. The same override, quoted, is what works: say that. ''
+    when every override parses (or fails for another reason, which Hydra's own message explains)."""
+    suspects = [a for a in argv if not a.startswith("-") and "=" in a and not a.isascii()]
+    if not suspects:
+        return ""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for arg in suspects:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException:
+            key, _, value = arg.partition("=")
+            return (
+                f"{arg}: Hydra's override grammar takes characters beyond ASCII only inside quotes. Write "
+                f"{key}='{value}' (in a shell: \"{key}='{value}'\"); nothing ran."
+            )
+    return ""

@@ -416,3 +416,10 @@ def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_ru
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert done.stderr.startswith(f"Error: {override} cannot be used")
         assert time.monotonic() - started < 10  # before TensorFlow
+
+
+def test_a_non_ascii_value_outside_quotes_gets_the_quoted_form_hydra_takes():
+    message = validate.unquoted_non_ascii_problem(["train.epochs=1", "data.path=/data/données.npz"])
+    assert "Write data.path='/data/données.npz'" in message and "\n" not in message, message
+    assert "Write mlflow.run_name='essai-é'" in validate.unquoted_non_ascii_problem(["mlflow.run_name=essai-é"])
+    assert validate.unquoted_non_ascii_problem(["data.path='/data/données.npz'"]) == ""  # quoted: Hydra takes it
