@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import weakref
 
-from runner.errors import ConfigError, TrainingError
+from runner.errors import ConfigError, RunnerError, TrainingError
 
 log = logging.getLogger("runner")
 
@@ -166,7 +166,19 @@ class Checkpoints:
         if self.before_save is not None:  # a resume from this checkpoint then finds every earlier step journaled
             self.before_save()
         self.step.assign(step)
-        path = self.manager.save(checkpoint_number=step)
+        import tensorflow as tf
+
+        try:
+            path = self.manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as err:  # a full or read-only disk, a quota: the last checkpoint is whole
+            said = getattr(err, "message", None) or str(err)
+            reason = said.rsplit(";", 1)[-1].strip() if ";" in said else said.strip().splitlines()[0]
+            kept = f"the checkpoint of step {self.last_step} is kept" if self.last_step else "no earlier checkpoint"
+            raise RunnerError(
+                f"the checkpoint of step {step} could not be written to {self.directory} ({reason}); training stopped, "
+                f"{kept}. Free space there (or set checkpoint.dir to another disk), then continue with "
+                f"resume={self.run_dir or '<output_dir>'}."
+            ) from None
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             os.makedirs(self._scratch, exist_ok=True)

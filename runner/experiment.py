@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from runner import contract, data_faults, datasets, layout, peers, phases, stopping
 from runner.data_description import describe as describe_data
 from runner.env import native_stderr_captured
+from runner.errors import RunnerError
 from runner.logged_model import log_mlflow_model
 from runner.tracking import NullRun, discard_prestarted, mlflow_run, where_line
 
@@ -208,7 +209,18 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     job.profile.log_to(run)
     if cfg.save_model and saves and cfg.output_dir:
         path = layout.model_path(cfg.output_dir)
-        model.save(path)
+        try:
+            model.save(path)
+        except OSError as err:  # a full or read-only disk after training: the checkpoints hold the trained weights
+            kept = (
+                f"its last checkpoint is kept: free space there, then resume={cfg.output_dir} saves it"
+                if checkpoints
+                else "no checkpoint holds the weights (checkpoint.enabled=false): free space there and run again"
+            )
+            raise RunnerError(
+                f"the trained model could not be saved to {path} ({err.strerror or err}). Training is done and {kept} "
+                "(or set save_model=false)."
+            ) from None
         run.log_artifact(path, "model")
         log.info("model saved to %s", path)
         if cfg.mlflow.log_model:

@@ -396,3 +396,31 @@ def test_ctrl_c_at_any_moment_ends_cleanly(runner, moment):
     while live_group_members(live.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert live_group_members(live.proc.pid) == [], "the run left processes behind (sentinel, MLflow process)"
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 300 KiB tmpfs: a real filesystem that fills up (mount needs root, as the network-namespace tests do)."""
+    where = tmp_path / "full"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(where)]).returncode:
+        pytest.skip("a small filesystem to fill needs root to mount a tmpfs")
+    yield where
+    subprocess.run(["umount", "-l", str(where)])
+
+
+def test_a_disk_that_fills_up_ends_the_run_failed_with_one_paragraph(runner, full_disk):
+    result = run_runner(
+        ["train.epochs=2", "train.steps_per_epoch=5", "model.hidden_units=[400,400]", f"mlflow.experiment_name={EXPERIMENT}",
+         "mlflow.run_name=full-disk"],
+        cwd=runner.root,
+        run_dir=full_disk / "run",
+        tracking_uri=runner.uri,
+    )  # fmt: skip
+    assert result.returncode == 1, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: the checkpoint of step 5 could not be written to ") and "No space left" in error, error
+    assert f"resume={full_disk / 'run'}" in error
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "full-disk")
+    assert run.info.status == "FAILED" and "could not be written" in run.data.tags["error"]
