@@ -45,20 +45,6 @@ OmegaConf.register_new_resolver("runner.fresh_dir", claims.fresh_dir, replace=Tr
 CONFIG_ONLY = claims.CONFIG_ONLY
 
 
-def yaml_problem(err) -> str:
-    """A YAML parser error as one paragraph: the file, line and column, and the parser's reason."""
-    mark = getattr(err, "problem_mark", None)
-    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
-    reason = ": ".join(str(p) for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p) or str(err)
-    context = getattr(err, "context_mark", None)
-    if context and mark and (context.line, context.column) != (mark.line, mark.column):
-        reason += f" (that began at line {context.line + 1}, column {context.column + 1})"
-    return (
-        f"Error: {where}: this config file is not valid YAML: {reason}. Fix the file (indentation, a missing ':', "
-        "an unclosed bracket or quote); Hydra could not compose the config, so nothing ran."
-    )
-
-
 hydra_private.install()  # Hydra's messages for configs it cannot compose, in one paragraph
 
 

@@ -35,6 +35,20 @@ def _cause(err):
     return err if os.environ.get("HYDRA_FULL_ERROR") == "1" else None
 
 
+def yaml_problem(err) -> str:
+    """A YAML parser error as one paragraph: the file, line and column, and the parser's reason."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+    reason = ": ".join(str(p) for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p) or str(err)
+    context = getattr(err, "context_mark", None)
+    if context and mark and (context.line, context.column) != (mark.line, mark.column):
+        reason += f" (that began at line {context.line + 1}, column {context.column + 1})"
+    return (
+        f"Error: {where}: this config file is not valid YAML: {reason}. Fix the file (indentation, a missing ':', "
+        "an unclosed bracket or quote); Hydra could not compose the config, so nothing ran."
+    )
+
+
 def _yaml_errors_in_one_paragraph() -> None:
     import yaml
     from hydra.errors import ConfigCompositionException
@@ -51,8 +65,6 @@ def _yaml_errors_in_one_paragraph() -> None:
         try:
             return load(self, config_path)
         except yaml.YAMLError as err:
-            from runner.app import yaml_problem
-
             raise ConfigCompositionException(yaml_problem(err)) from err
 
     setattr(load_config, _MARK, True)
