@@ -44,34 +44,69 @@ class Journal:
             os.remove(self.path)
 
 
+DAMAGED = FILE + ".damaged"
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _scan(directory: str):
+    """(rows, values delivered, watermarks, lines that are neither a row nor a mark, the last line among them)."""
+    rows, delivered, steps, damaged = [], 0, [], 0
+    with open(path_in(directory), "rb") as f:
+        lines = f.read().split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    cut_last = False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):  # the last line, cut by the kill (or damage)
+            item = None
+        if isinstance(item, dict) and isinstance(item.get("delivered", 0), int) and isinstance(item.get("last_step", 0), int):
+            delivered = int(item.get("delivered", delivered))
+            steps += [item["last_step"]] if "last_step" in item else []
+        elif (
+            isinstance(item, list)
+            and len(item) == 4
+            and isinstance(item[0], str)
+            and _number(item[1])
+            and _number(item[2])
+            and isinstance(item[3], int)
+            and not isinstance(item[3], bool)
+        ):
+            rows.append(tuple(item))
+        elif i == last and item is None:
+            cut_last = True
+        else:
+            damaged += 1
+    return rows, delivered, steps, damaged, cut_last
+
+
 def read(directory: str | None):
-    """(rows not yet delivered, the largest step journaled) of a journal left behind, or ([], None)."""
+    """(rows not yet delivered, the largest step journaled) of a journal left behind, or ([], None). Lines that are
+    neither a row nor a mark (a line cut by the kill, bytes that are not text) are skipped."""
     if not directory or not os.path.isfile(path_in(directory)):
         return [], None
-    rows, delivered, steps = [], 0, []
-    with open(path_in(directory)) as f:
-        for line in f:
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:  # the last line, cut by the kill
-                continue
-            if isinstance(item, dict):
-                delivered = int(item.get("delivered", delivered))
-                steps += [item["last_step"]] if "last_step" in item else []
-            elif isinstance(item, list) and len(item) == 4:
-                rows.append(tuple(item))
+    rows, delivered, steps, _, _ = _scan(directory)
     last_step = max([row[3] for row in rows] + steps, default=None)
-    return rows[delivered:], last_step
+    return rows[max(0, delivered) :], last_step
 
 
 def deliver(client, run_id: str, directory: str) -> tuple[int, int | None]:
-    """Send what a journal left behind holds beyond its last delivery, then remove it.
-    Returns (values sent, the largest step it held)."""
+    """Send what a journal left behind holds beyond its last delivery, then remove it (a journal with damaged lines
+    besides a last one cut by the kill is kept as mlflow_journal.jsonl.damaged instead). Returns (values sent, the
+    largest step it held)."""
     from mlflow.entities import Metric
 
     rows, last_step = read(directory)
     for i in range(0, len(rows), BATCH):
         client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows[i : i + BATCH]])
-    if os.path.exists(path_in(directory)):
-        os.remove(path_in(directory))
+    if os.path.isfile(path_in(directory)):
+        if _scan(directory)[3]:
+            os.replace(path_in(directory), os.path.join(directory, DAMAGED))
+        else:
+            os.remove(path_in(directory))
     return len(rows), last_step
