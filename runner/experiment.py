@@ -172,7 +172,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
     if cfg.train.mixed_precision:
         tf_keras.mixed_precision.set_global_policy("mixed_float16")
     with strategy.scope():
-        model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
+        model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, cfg.train.global_batch_size)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model

@@ -124,8 +124,8 @@ def keras_app(input_shape, num_outputs: int, application: str = "MobileNetV2", w
     x = keras.layers.Reshape(image)(inputs) if tuple(input_shape) != image else inputs
     if resize_to is not None:
         x = keras.layers.Resizing(*size)(x)
-    try:
-        backbone = app(include_top=False, weights=weights, input_shape=size + image[2:], pooling="avg", **kwargs)
+    try:  # the weights are loaded below: a file that does not fit is not a config the application refused
+        backbone = app(include_top=False, weights=None, input_shape=size + image[2:], pooling="avg", **kwargs)
     except (TypeError, ValueError) as err:
         least = re.search(r"at least (\d+)x(\d+)", str(err))
         if least:
@@ -136,14 +136,25 @@ def keras_app(input_shape, num_outputs: int, application: str = "MobileNetV2", w
                 f"{' (model.resize_to)' if resize_to is not None else ', the size of the data'}. Set "
                 f"model.resize_to=[{h}, {w}]: a Resizing layer then scales the images up first."
             ) from None
-        hint = (
-            f" (model.weights={weights} must hold this application's weights without its top, for {image[2]}-channel "
-            "input and the same arguments, e.g. alpha; ImageNet's are for 3 channels)"
-            if weights is not None
-            else ""
-        )
-        raise ValueError(
-            f"model=keras_app: tf_keras.applications.{application}(...) refused the model config{hint}: {err}"
-        ) from None
+        raise ValueError(f"model=keras_app: tf_keras.applications.{application}(...) refused the model config: {err}") from None
+    if weights is not None:
+        _load_backbone_weights(backbone, weights, application, size + image[2:], kwargs)
     logits = keras.layers.Dense(num_outputs, dtype="float32", name="logits")(backbone(x))
     return keras.Model(inputs, logits, name=f"keras_app_{application}")
+
+
+def _load_backbone_weights(backbone, weights: str, application: str, shape: tuple, kwargs: dict) -> None:
+    """Load `weights` into the backbone as tf_keras.applications does (Model.load_weights), naming the file and what it
+    must hold when it does not fit: another application, other arguments (alpha...), another number of channels."""
+    try:
+        backbone.load_weights(weights)
+    except Exception as err:  # OSError (HDF5 cannot read it), ValueError (another architecture or shape), ...
+        arguments = "".join(f", {k}={v!r}" for k, v in sorted(kwargs.items()))
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"model.weights={weights} cannot be loaded into tf_keras.applications.{application}(include_top=False"
+            f"{arguments}) for {'x'.join(map(str, shape))} input: {reason[:400]} ({type(err).__name__}). Nothing was "
+            f"trained. The file must hold the weights of this same application without its top, saved for "
+            f"{shape[-1]}-channel input with the same arguments (ImageNet's *_notop.h5 are for 3-channel input); "
+            "use those, or model.weights=null to start from random weights."
+        ) from None

@@ -154,16 +154,104 @@ def _undo_hydra_files(path: str) -> None:
         os.remove(log_file)
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _hdf5_at(f, size: int) -> bool:
+    """Whether the open file is HDF5: its signature at byte 0, or after a user block (512, 1024, 2048, ... bytes)."""
+    offset = 0
+    while offset + len(HDF5_SIGNATURE) <= size:
+        f.seek(offset)
+        if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+            return True
+        offset = 512 if offset == 0 else offset * 2
+    return False
+
+
+def weights_file_problem(path: str) -> str | None:
+    """Why the file at `path` cannot be Keras weights, from the file alone (no TensorFlow: h5py reads HDF5), or None.
+    Whether weights that are Keras weights fit the model is found when it is built (runner/models.py)."""
+    import zipfile
+
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(16)
+            hdf5 = _hdf5_at(f, size)
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or err})"
+    if size == 0:  # a placeholder (tests/test_keras_app.py makes one): the builder's load names it
+        return None
+    if not hdf5:
+        if zipfile.is_zipfile(path):
+            return None if path.endswith(".keras") else "it is a zip archive; a saved tf_keras model must be named *.keras"
+        return f"it is not an HDF5 file (it starts with {head!r}), so it holds no Keras weights"
+    try:
+        import h5py
+    except ImportError:  # tf_keras needs h5py for .h5 weights: its own error says so
+        return None
+    try:
+        with h5py.File(path, "r") as h5:
+            keras = "layer_names" in h5.attrs or "model_weights" in h5 or path.endswith(".weights.h5")
+    except OSError as err:  # cut short, a damaged superblock
+        return f"HDF5 cannot read it ({str(err).strip() or type(err).__name__}): it is damaged, or cut short by a download"
+    if not keras:
+        return "it is an HDF5 file but holds no Keras weights (no layer_names: it was not written by save_weights or model.save)"
+    return None
+
+
 @probe
 def model_weights_exist(cfg):
-    """model=keras_app model.weights=PATH: the file is there (the runner downloads nothing)."""
+    """model=keras_app model.weights=PATH: the file is there (the runner downloads nothing), and is Keras weights."""
     weights = cfg.model.get("weights") if cfg.model.get("_target_") == "runner.models.keras_app" else None
-    if weights is not None and not os.path.isfile(os.path.expanduser(str(weights))):
+    if weights is None:
+        return
+    path = os.path.expanduser(str(weights))
+    if not os.path.isfile(path):
         raise ConfigError(
             f"model.weights={weights} is not a file here (working directory {os.getcwd()}). Give the local path of the "
             "backbone's weights without its top (.h5, downloaded beforehand: the runner downloads nothing), or "
             "model.weights=null to start from random weights."
         )
+    problem = weights_file_problem(path)
+    if problem:
+        raise ConfigError(
+            f"model.weights={weights} is not a weights file: {problem}. Nothing was trained. Give the local path of "
+            f"the weights of model.application={cfg.model.get('application')} without its top, as tf_keras saves them "
+            "(an .h5 file such as the application's *_notop.h5, downloaded beforehand), or model.weights=null to start "
+            "from random weights."
+        )
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+@probe
+def resized_images_fit(cfg):
+    """model=keras_app model.resize_to=[h, w]: one global batch of the resized images alone (the Resizing layer's
+    output, at least one channel) clearly does not fit in memory. TensorFlow's own refusal comes at the first step, as
+    ResourceExhaustedError. Only where the whole batch is on this machine (cluster=local, localhost); what the layers
+    after it need is checked once the model is built (runner/builders/model.py)."""
+    resize_to = cfg.model.get("resize_to") if cfg.model.get("_target_") == "runner.models.keras_app" else None
+    if not resize_to or cfg.cluster.name not in ("local", "localhost"):
+        return
+    from runner import data_checks  # NumPy, no TensorFlow
+
+    available = data_checks.available_memory()
+    h, w = (int(v) for v in resize_to)
+    batch, size = cfg.train.global_batch_size, 2 if cfg.train.mixed_precision else 4
+    need = batch * h * w * size
+    if available is None or need <= available:
+        return
+    raise ConfigError(
+        f"model.resize_to=[{h}, {w}] would need at least {gib(need)} of memory for the resized images of one batch "
+        f"alone ({batch} examples of train.global_batch_size x {h}x{w} pixels x {size} bytes, one channel; the model's "
+        f"layers need many times more), but this machine has {gib(available)} available: TensorFlow would stop at the "
+        "first step with ResourceExhaustedError. Nothing was trained. Use a much smaller model.resize_to (the "
+        "applications take 32x32 and up; most were made for about [224, 224]); the run then checks what its layers "
+        "need before the first step."
+    )
 
 
 @probe

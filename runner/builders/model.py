@@ -4,6 +4,7 @@ Call these inside strategy.scope(): variables created there are distributed by t
 """
 
 import inspect
+import math
 from enum import StrEnum
 
 from hydra.utils import get_method
@@ -30,7 +31,93 @@ class Optimizer(StrEnum):
     adagrad = "adagrad"
 
 
-def build_model(cfg, input_shape, num_outputs):
+def _leaf_layers(layer):
+    inner = getattr(layer, "layers", None)
+    if isinstance(inner, (list, tuple)) and inner and layer is not inner[0]:
+        for sub in inner:
+            yield from _leaf_layers(sub)
+    else:
+        yield layer
+
+
+VIEWS = ("Reshape", "Flatten")  # outputs that share their input's memory
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "uint8": 1, "int8": 1, "bool": 1}
+
+
+def activation_bytes(model) -> tuple[int, int]:
+    """(bytes of every layer's output for one example, layers counted): what a training step keeps for the backward
+    pass, at least (gradients and temporaries come on top). Layers without a known output shape (a subclassed model's)
+    count nothing."""
+    total = counted = 0
+    for layer in _leaf_layers(model):
+        if type(layer).__name__ in VIEWS:
+            continue
+        try:
+            shapes = layer.output_shape
+        except Exception:  # never called symbolically
+            continue
+        shapes = shapes if isinstance(shapes, list) else [shapes]
+        size = DTYPE_BYTES.get(str(getattr(layer, "compute_dtype", None) or "float32"), 4)
+        for shape in shapes:
+            dims = tuple(shape)[1:] if isinstance(shape, tuple) else ()
+            if dims and all(isinstance(d, int) for d in dims):
+                total += size * math.prod(dims)
+                counted += 1
+    return total, counted
+
+
+def check_activation_memory(model, cfg, global_batch_size):
+    """Refuse, before the first step, a model whose layers' outputs for this host's share of a batch clearly do not fit
+    in memory (TensorFlow's refusal comes only inside the first step, as a ResourceExhaustedError traceback). CPU
+    replicas only: a GPU's memory is its own."""
+    import tensorflow as tf
+
+    from runner import data_checks
+    from runner.preflight import gib
+
+    strategy = tf.distribute.get_strategy()
+    if global_batch_size is None or isinstance(
+        strategy, (tf.distribute.experimental.ParameterServerStrategy, tf.distribute.TPUStrategy)
+    ):
+        return
+    try:
+        devices = list(strategy.extended.worker_devices)
+    except (RuntimeError, AttributeError, NotImplementedError):  # the default strategy: TensorFlow's placement
+        devices = ["/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"]
+    if any("GPU" in d.upper() for d in devices):
+        return
+    per_example, layers = activation_bytes(model)
+    available = data_checks.available_memory()
+    replicas = strategy.num_replicas_in_sync
+    here = math.ceil(global_batch_size * len(devices) / max(1, replicas))  # this process's share of the batch
+    need = here * per_example
+    if available is None or not per_example or need <= available:
+        return
+    target = cfg.get("_target_")
+    resize_to = cfg.get("resize_to") if target == "runner.models.keras_app" else None
+    what = f"model=keras_app (tf_keras.applications.{cfg.get('application')})" if resize_to is not None else f"model {target}"
+    if resize_to is not None:
+        side = max(1, math.isqrt(int(available // here // max(1, per_example // (resize_to[0] * resize_to[1])))))
+        instead = (
+            f"Use a smaller model.resize_to (the layers' outputs alone fill the memory at about [{side}, {side}] with this "
+            "batch; training needs more)"
+        )
+    else:
+        instead = "Use a smaller model"
+    fits = available // per_example * replicas // len(devices)
+    instead += f", or a train.global_batch_size well below {fits}" if fits > 1 else ""
+    raise ConfigError(
+        f"{what}{f' with model.resize_to={list(resize_to)}' if resize_to is not None else ''} would need at least "
+        f"{gib(need)} of memory for one training step: the outputs of its {layers} layers take {gib(per_example)} per "
+        f"example, x {here} example(s) of train.global_batch_size={global_batch_size} in this process, before any "
+        f"gradient; this machine has {gib(available)} available, and TensorFlow would stop at the first step with "
+        f"ResourceExhaustedError. Nothing was trained. {instead}."
+    )
+
+
+def build_model(cfg, input_shape, num_outputs, global_batch_size=None):
+    """The model `cfg` names, built for the data; refused (ConfigError) when it cannot be, or when one step of
+    `global_batch_size` clearly does not fit in memory (not checked without it: a model built for evaluation)."""
     import tf_keras
 
     target = cfg.get("_target_")
@@ -71,6 +158,7 @@ def build_model(cfg, input_shape, num_outputs):
                 f"model._target_={target!r} built no variables, and building it for the data's input shape "
                 f"{tuple(input_shape)} failed: {err}. Give the model an Input, or a build() that takes (None, *input_shape)."
             ) from None
+    check_activation_memory(model, cfg, global_batch_size)
     return model
 
 
