@@ -41,7 +41,10 @@ class Journal:
     def close(self, remove: bool) -> None:
         self._file.close()
         if remove:
-            os.remove(self.path)
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:  # the run's directory was deleted under it: nothing left to remove
+                pass
 
 
 DAMAGED = FILE + ".damaged"

@@ -118,6 +118,15 @@ def test_close_removes_the_journal_when_told(tmp_path):
     assert journal.read(str(tmp_path)) == ([], None)
 
 
+def test_close_of_a_journal_whose_directory_was_deleted_under_the_run_ends_quietly(tmp_path):
+    import shutil
+
+    j = journal.Journal(str(tmp_path / "run"))
+    j.append(rows([1]))
+    shutil.rmtree(tmp_path / "run")  # `rm -rf` of the working directory while the run trains
+    j.close(remove=True)  # was FileNotFoundError, a traceback after a run that trained to the end
+
+
 def test_journal_rows_are_on_disk_before_close(tmp_path):
     """Written each second into the page cache: a process killed with -9 loses nothing it appended."""
     j = journal.Journal(str(tmp_path))
