@@ -218,7 +218,8 @@ def load_source(cfg, count: bool = True) -> TFRecordSource:
         if local and not any(filled) and len(local) == len(files):
             raise ConfigError(f"{key}: the {len(local)} file(s) it matches hold no records.")
         empty = [f for f, holds in zip(local, filled) if not holds]
-        if count and empty and (key == "data.train_files" or evals is not train):  # once: by the load (not the probe), for one key
+        # said once: by the load (not the probe too), and for one key when both name the same files
+        if count and empty and (key == "data.train_files" or evals is not train):
             log.warning(
                 "%s: %d of %d file(s) hold no records (%s): a shard that was never written? Training goes on without them.",
                 key,
