@@ -22,6 +22,8 @@ import threading
 import time
 import urllib.request
 
+from runner import store
+
 VIEW = "#/experiments?workflowType=machine_learning"
 QUIET_UVICORN = "--no-access-log --log-level warning"  # uvicorn's own flags, passed through `mlflow server`
 
@@ -77,15 +79,10 @@ def forward(source, sink, drop=QUIET_LINES) -> None:
     source.close()
 
 
-MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}
-
-
 def store_problem(uri: str, source: str, key: str = "--tracking-uri"):
     """Why the SQLite store `uri` (given by `source`) cannot be shown, from the file alone, or None; `key` is what to
     change. Nothing is written."""
-    from runner.store import sqlite_path
-
-    path = sqlite_path(uri)
+    path = store.sqlite_path(uri)
     if path is None:
         return None
     instead = (
@@ -124,7 +121,7 @@ def store_problem(uri: str, source: str, key: str = "--tracking-uri"):
             f"Move it away (mv {path} {path}.broken) and the next run creates a fresh store, or "
             f"{instead[0].lower()}{instead[1:]}."
         )
-    if tables and not MLFLOW_TABLES & tables:
+    if tables and not store.MLFLOW_TABLES & tables:
         listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         return (
             f"the MLflow store {path} ({source}) is an SQLite database of another program (its tables: {listed}), not "

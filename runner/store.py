@@ -54,6 +54,24 @@ def _damaged(path: str, why: str) -> ConfigError:
     )
 
 
+MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}  # any of them: a store MLflow made (or half made)
+
+
+def other_programs_tables(path: str) -> str:
+    """The first tables of an SQLite file that holds tables but none of MLflow's ('' for an MLflow store, an empty
+    database, or one that cannot be read: those are told apart where the store is opened). Read only."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error:
+        return ""
+    if not tables or MLFLOW_TABLES & tables:
+        return ""
+    return ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+
+
 def check_sqlite(path: str, key: str = "mlflow.tracking_uri / MLFLOW_TRACKING_URI") -> None:
     """A ConfigError when the SQLite store at `path` cannot work, found from the file system alone (no MLflow, no
     TensorFlow: preflight asks before either starts). A store MLflow cannot write would otherwise be refused only
@@ -72,6 +90,13 @@ def check_sqlite(path: str, key: str = "mlflow.tracking_uri / MLFLOW_TRACKING_UR
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 raise _damaged(path, "it is not an SQLite database")
+        tables = other_programs_tables(path)
+        if tables:
+            raise ConfigError(
+                f"the MLflow store {path} is an SQLite database of another program (its tables: {tables}), not an "
+                f"MLflow store; MLflow would add its own tables to it, so it was not opened and nothing was trained. "
+                f"Point {key} at an MLflow store (sqlite:///<dir>/mlflow.db), or at a new file."
+            )
     try:  # SQLite writes its journal beside the file, so the directory must take files even when the store exists
         tempfile.NamedTemporaryFile(dir=directory, prefix=".write-probe-").close()
         problem = None

@@ -341,3 +341,16 @@ def test_a_run_this_process_owns_is_continued_as_it_is(mlflow, live_process):
     run = owned_run(client, experiment, live_process)
     store.take_over(client, run, epochs=2, output_dir="/runs/a", me=int(live_process["pid"]))
     assert client.get_run(run.info.run_id).info.status == "RUNNING"
+
+
+def test_another_programs_sqlite_database_is_refused_and_left_as_it_was(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    before = path.read_bytes()
+    with pytest.raises(ConfigError) as err:
+        store.open_client(f"sqlite:///{path}")
+    assert "another program (its tables: users)" in str(err.value) and "nothing was trained" in str(err.value)
+    assert path.read_bytes() == before  # MLflow added its 65 tables to such a file
