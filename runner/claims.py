@@ -111,7 +111,8 @@ def claim_from_command_line(argv) -> str:
     if os.environ.get("TF_CONFIG") and not layout.tf_config_chief("", os.environ["TF_CONFIG"]):
         return ""
     given = {k: os.path.realpath(os.path.expanduser(v)) for k, _, v in (a.partition("=") for a in argv) if v}
-    if "resume" in given and "hydra.run.dir" in given and given["resume"] != given["hydra.run.dir"]:
+    resumed = given.get("resume")  # a directory that is not there is refused as such, later
+    if resumed and os.path.isdir(resumed) and "hydra.run.dir" in given and resumed != given["hydra.run.dir"]:
         return (
             f"resume= and hydra.run.dir= name two directories ({given['resume']} and {given['hydra.run.dir']}): a "
             "resumed run continues in its own directory, where its checkpoints, log and MLflow run id are. Drop "
