@@ -86,7 +86,7 @@ def test_parameter_server_under_srun_ends_when_the_chief_is_done(slurm, store):
     _, run = mlflow_run_by_name(store[1], EXPERIMENT, name)
     assert run.info.status == "FINISHED"
     assert run.data.tags["cluster.name"] == "slurm" and run.data.tags["num_workers"] == "1"
-    assert "chief:0: ParameterServerStrategyV2" in output
+    assert "chief:0: ParameterServerStrategy with " in output  # the guide's name, not the class (V2)
     assert "loss/replica_0" in run.data.metrics
     assert not slurm.jobs()
 
