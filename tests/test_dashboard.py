@@ -5,12 +5,8 @@ server; one slow test starts the real server."""
 
 import io
 import os
-import re
-import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
@@ -98,38 +94,3 @@ def test_only_the_security_middleware_notice_is_left_out_of_the_servers_output()
     shown = sink.buffer.getvalue()
     assert b"enabled with default settings" not in shown
     assert shown == server.split(b"\n", 1)[1]  # everything else, as it came
-
-
-@pytest.mark.slow  # starts a real MLflow server
-def test_the_dashboard_starts_without_the_security_notice(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runner.dashboard", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--port", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    seen = []
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if "http://" in line or not line:
-                break
-        assert re.search(rf"http://127\.0\.0\.1:{port}/", "".join(seen)), seen
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=30)
-        output = "".join(seen) + rest
-        assert proc.returncode == 130, output
-        assert "Security middleware" not in output and "Traceback" not in output, output
-        assert [line for line in output.splitlines() if line.strip()] == [
-            f"Starting the MLflow UI for sqlite:///{tmp_path}/mlflow.db ...",
-            f"MLflow UI: http://127.0.0.1:{port}/{dashboard.VIEW} (Ctrl-C stops it)",
-        ]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
