@@ -22,11 +22,11 @@ import sys  # noqa: E402
 
 from hydra.errors import HydraException  # noqa: E402
 
-from runner import teardown  # noqa: E402
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
-from runner.claims import claim_from_command_line  # noqa: E402
+from runner.config.validate import unquoted_non_ascii_problem  # noqa: E402
+from runner.control import teardown  # noqa: E402
+from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
-from runner.validate import unquoted_non_ascii_problem  # noqa: E402
 
 
 def cli() -> None:
@@ -51,7 +51,7 @@ def cli() -> None:
         teardown.exit(teardown.SIGPIPE_EXIT)
     except KeyboardInterrupt as err:  # before the app ran (Hydra composing), or a sweep between its jobs
         signum = getattr(err, "signum", signal.SIGINT)
-        from runner.sweep import kill_parent_run
+        from runner.sweeps.sweep import kill_parent_run
 
         kill_parent_run(signum)
         print(f"Stopped: {signal.Signals(signum).name} received; nothing was left running.", file=sys.stderr)

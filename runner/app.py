@@ -11,12 +11,12 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import claims, contract, hydra_private, layout, registry, schema
-from runner.builders import strategy_auto
+from runner.config import hydra_private, layout, registry, schema
+from runner.config.validate import validate
+from runner.control import claims, contract
+from runner.control.stopping import Stopped
 from runner.errors import ConfigError, RunnerError
-from runner.probes import writable_dir_problem
-from runner.stopping import Stopped
-from runner.validate import validate
+from runner.preflight.probes import writable_dir_problem
 
 schema.register()
 # `${runner.or:a,b}`: a unless it is null or empty (hydra.run.dir is resume=<dir> when given).
@@ -61,7 +61,7 @@ def output_dir_problem(argv) -> str:
     )
     key, path = given[-1] if given else default
     if key == "resume" and not os.path.isdir(os.path.expanduser(path)):
-        from runner.preflight import no_resume_dir
+        from runner.preflight.needs import no_resume_dir
 
         return no_resume_dir(path)  # here, before Hydra would make it as the run's directory
     problem = writable_dir_problem(path)  # the probe validate.py uses for output and checkpoint directories
@@ -117,7 +117,7 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
         if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra.")
     ]
     _keep_record(directory)
-    from runner.redact import MASK
+    from runner.config.redact import MASK
 
     masked = [key for text, key in keep if MASK in text]
     if "mlflow.tracking_uri" in masked and os.environ.get(contract.TRACKING_URI):
@@ -160,8 +160,8 @@ def restore_record() -> None:
 def redact_hydra_files(*directories) -> None:
     """Hydra writes the command line's overrides into .hydra/ (config.yaml, hydra.yaml, overrides.yaml) and a sweep's
     multirun.yaml before any runner code runs; a password in an override (mlflow.tracking_uri=https://u:pw@host)
-    would stay there in clear text. Rewrite them masked, as logs, params and tags are (runner/redact.py)."""
-    from runner.redact import redact
+    would stay there in clear text. Rewrite them masked, as logs, params and tags are (runner/config/redact.py)."""
+    from runner.config.redact import redact
 
     for directory in directories:
         for path in [
@@ -181,23 +181,24 @@ def redact_hydra_files(*directories) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics), also written to summary.json."""
-    validate(cfg)
+    chosen = validate(cfg)  # strategy=auto's choice, carried along (None: the config names its strategy)
     claims.claim_output_dir(cfg)  # before anything reads the directory's checkpoints or MLflow run id
     if cfg.resume and not os.environ.get(contract.ATTACH_RUN):
         from hydra.core.hydra_config import HydraConfig
 
         given = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
         logging.getLogger("runner").info("resume=%s: continuing with %s", cfg.resume, " ".join(given) or "the defaults")
-    strategy_auto.announce()
+    if chosen:  # logged only once the config passed every check: a refused resume= leaves runner.log empty
+        logging.getLogger("runner").info(chosen.line)
     launcher = registry.selected(cfg, "cluster").caps.launcher
     if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors); no TensorFlow in this process
-        return _written(cfg, importlib.import_module(launcher).launch(cfg))
-    from runner.tracking import prestart
+        return _written(cfg, importlib.import_module(launcher).launch(cfg, chosen))
+    from runner.tracking.run import prestart
 
     prestart(cfg)  # MLflow gets ready in its own process while this one imports TensorFlow
     from runner.experiment import run_experiment  # imports TensorFlow
 
-    return _written(cfg, run_experiment(cfg))
+    return _written(cfg, run_experiment(cfg, chosen))
 
 
 def _written(cfg, summary: dict) -> dict:
@@ -216,7 +217,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from runner.redact import redact, redact_logs
+    from runner.config.redact import redact, redact_logs
 
     redact_logs()
     hydra_cfg = HydraConfig.get()
@@ -229,7 +230,7 @@ def main(cfg: DictConfig) -> float | None:
                 file=sys.stderr,
             )
             sys.exit(2)
-        from runner.sweep import run_sweep_job  # each job in a fresh process: devices are per process
+        from runner.sweeps.sweep import run_sweep_job  # each job in a fresh process: devices are per process
 
         return run_sweep_job(cfg)  # the job's sweep.objective: what a sampling sweeper (Optuna) optimises
     try:

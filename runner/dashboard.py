@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 
-from runner import store
+from runner.preflight import sqlite_store
 
 VIEW = "#/experiments?workflowType=machine_learning"
 QUIET_UVICORN = "--no-access-log --log-level warning"  # uvicorn's own flags, passed through `mlflow server`
@@ -82,7 +82,7 @@ def forward(source, sink, drop=QUIET_LINES) -> None:
 def store_problem(uri: str, source: str, key: str = "--tracking-uri"):
     """Why the SQLite store `uri` (given by `source`) cannot be shown, from the file alone, or None; `key` is what to
     change. Nothing is written."""
-    path = store.sqlite_path(uri)
+    path = sqlite_store.sqlite_path(uri)
     if path is None:
         return None
     instead = (
@@ -121,7 +121,7 @@ def store_problem(uri: str, source: str, key: str = "--tracking-uri"):
             f"Move it away (mv {path} {path}.broken) and the next run creates a fresh store, or "
             f"{instead[0].lower()}{instead[1:]}."
         )
-    if tables and not store.MLFLOW_TABLES & tables:
+    if tables and not sqlite_store.MLFLOW_TABLES & tables:
         listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         return (
             f"the MLflow store {path} ({source}) is an SQLite database of another program (its tables: {listed}), not "
@@ -189,8 +189,8 @@ class _Stop(Exception):
 
 
 def main(argv=None) -> int:
-    from runner.redact import redact_uri
-    from runner.tracking import resolve_tracking_uri
+    from runner.config.redact import redact_uri
+    from runner.tracking.run import resolve_tracking_uri
 
     parser = argparse.ArgumentParser(prog="python -m runner.dashboard", description=__doc__.splitlines()[0])
     parser.add_argument(

@@ -12,8 +12,9 @@ import argparse
 import os
 import sys
 
-from runner import outbox
-from runner.redact import redact, redact_uri
+from runner.config.redact import redact, redact_uri
+from runner.mlflow_process import delivery
+from runner.tracking import outbox
 
 
 def _hydra_file(directory: str, name: str) -> dict:
@@ -85,7 +86,7 @@ def outbox_problem(directory: str):
 def store_problem(uri: str, source: str, run_uri: str | None):
     """Why the SQLite store at `uri` cannot hold the run's values (missing, empty), or None. Delivering into a store
     that is not there would create an empty one, which has no run to deliver to."""
-    from runner.store import sqlite_path
+    from runner.preflight.sqlite_store import sqlite_path
 
     path = sqlite_path(uri)
     if path is None or (os.path.isfile(path) and os.path.getsize(path) > 0) or os.path.isdir(path):
@@ -99,7 +100,7 @@ def store_problem(uri: str, source: str, run_uri: str | None):
     )
 
 
-def report(result: outbox.Delivery, uri: str, source: str, run_uri: str | None) -> str:
+def report(result: delivery.Delivery, uri: str, source: str, run_uri: str | None) -> str:
     """The one paragraph that says what could not be sent, where it is kept and what to do."""
     parts = []
     if result.damaged:
@@ -156,8 +157,8 @@ def main(argv=None) -> int:
         print(f"Nothing to deliver: no {outbox.FILE} in {args.output_dir}.")
         return 0
     from runner.errors import ConfigError
-    from runner.probes import tracking_problem
-    from runner.store import open_client
+    from runner.mlflow_process.store import open_client
+    from runner.preflight.probes import tracking_problem
 
     run_uri = _run_uri(args.output_dir)
     given = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -176,8 +177,8 @@ def main(argv=None) -> int:
         return 2
     try:
         client = open_client(uri)
-        result = outbox.send(client, args.output_dir)
-    except ConfigError as err:  # a damaged store, an unknown scheme: said by runner/store.py
+        result = delivery.send_outbox(client, args.output_dir)
+    except ConfigError as err:  # a damaged store, an unknown scheme: said by runner/mlflow_process/store.py
         print(f"Error: {str(err).replace('Nothing was trained.', 'Nothing was sent; the outbox is kept.')}", file=sys.stderr)
         return 2
     except OSError as err:

@@ -13,12 +13,16 @@ import platform
 
 from omegaconf import DictConfig
 
-from runner import contract, data_faults, datasets, layout, peers, phases, stopping
-from runner.data_description import describe as describe_data
+from runner.config import layout
+from runner.control import contract, stopping
 from runner.env import native_stderr_captured
 from runner.errors import RunnerError
-from runner.logged_model import log_mlflow_model
-from runner.tracking import NullRun, discard_prestarted, mlflow_run, where_line
+from runner.launch import peers
+from runner.sources import faults, in_memory
+from runner.sources.description import describe as describe_data
+from runner.tracking import phases
+from runner.tracking.logged_model import log_mlflow_model
+from runner.tracking.run import NullRun, discard_prestarted, mlflow_run, where_line
 
 log = logging.getLogger("runner")
 
@@ -84,7 +88,8 @@ def strategy_devices(strategy, devices):
         return devices.compute[:1]
 
 
-def run_experiment(cfg: DictConfig) -> dict:
+def run_experiment(cfg: DictConfig, chosen=None) -> dict:
+    """Train as this process's task of the experiment; `chosen`: strategy=auto's `Choice`, when it chose."""
     tf, devices = _import_tensorflow(cfg.devices)
     phases.mark("imports")  # Hydra, validation, TensorFlow
     from runner.builders.cluster import build_cluster
@@ -92,25 +97,26 @@ def run_experiment(cfg: DictConfig) -> dict:
     cluster = build_cluster(cfg.cluster)
     role = layout.task_role(cfg.strategy.name, cluster.task_type)
     if role == layout.SERVER:
-        from runner.serving import serve
+        from runner.launch.serving import serve
 
         return serve(tf, cluster, cfg.cluster)
     if role == layout.EVALUATOR:
-        from runner.evaluator import evaluate_checkpoints
+        from runner.executors.evaluator import evaluate_checkpoints
 
         return evaluate_checkpoints(cfg, cluster)
     stopping.install()  # Ctrl-C / SIGTERM: checkpoint at a step boundary, run KILLED (servers keep the defaults)
     logs = cluster.is_chief and cfg.mlflow.enabled
     if not logs:
         discard_prestarted()
-    run_context = mlflow_run(cfg, _hydra_overrides()) if logs else contextlib.nullcontext(NullRun())
+    tags = chosen.tags if chosen else {}
+    run_context = mlflow_run(cfg, _hydra_overrides(), tags) if logs else contextlib.nullcontext(NullRun())
     with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
         phases.mark("mlflow start")
         try:
-            summary = _train(cfg, tf, devices, cluster, run, sentinel)
+            summary = _train(cfg, tf, devices, cluster, run, sentinel, chosen)
         except Exception as err:  # a peer lost (exit 3) or a damaged record (exit 5), named: not TensorFlow's trace
             told = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
-            told = told or data_faults.damaged_data(
+            told = told or faults.damaged_data(
                 err, cfg.data, getattr(run, "last_step", None), cfg.output_dir, _checkpoints_of(cfg)
             )
             if told is None:
@@ -127,23 +133,23 @@ def run_experiment(cfg: DictConfig) -> dict:
     return summary
 
 
-def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
+def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     import tf_keras
 
-    from runner.builders import strategy_auto
-    from runner.builders.data import build_data
+    from runner.builders.data.pipeline import build_data
+    from runner.builders.executor import build_executor
     from runner.builders.model import build_model, build_optimizer, loss_name
     from runner.builders.strategy import build_strategy, strategy_name
-    from runner.checkpoints import Checkpoints
-    from runner.executors import Job, get_executor
-    from runner.executors.base import done_line
-    from runner.profiling import Profile
+    from runner.executors.base import Job, done_line
+    from runner.executors.checkpoints import Checkpoints
+    from runner.executors.profiling import Profile
 
     waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
     joining = sentinel.deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster")
     with joining if waiting else contextlib.nullcontext():
         strategy = build_strategy(cfg.strategy, cfg.cross_device_ops, devices, cluster)
-    strategy_auto.check_at_start(len(devices.gpus))
+    if chosen:
+        chosen.check_gpus(len(devices.gpus))
     replicas = strategy.num_replicas_in_sync
     placed = strategy_devices(strategy, devices)
     log.info(
@@ -164,7 +170,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
             "python_version": platform.python_version(),
         }
     )
-    arrays = datasets.load(cfg.data)
+    arrays = in_memory.load(cfg.data)
     run.log_inputs(describe_data(cfg.data, arrays))  # MLflow's dataset view: name, source, digest, schema, rows
     parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     data = build_data(cfg.data, arrays, cfg.train, replicas, cluster, parameter_server)
@@ -205,7 +211,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel) -> dict:
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
     )
     phases.mark("build")  # strategy, data, model
-    result = get_executor(cfg.executor.name)(job)
+    result = build_executor(cfg.executor)(job)
     job.profile.log_to(run)
     if cfg.save_model and saves and cfg.output_dir:
         path = layout.model_path(cfg.output_dir)

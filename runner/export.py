@@ -17,9 +17,9 @@ import json
 import os
 import sys
 
-from runner import registry
+from runner.config import registry
 from runner.errors import ConfigError
-from runner.tfrecord_source import ID_FEATURE, SPEC_FILE
+from runner.sources.tfrecord import ID_FEATURE, SPEC_FILE
 
 
 def _write_split(tf, out: str, split: str, x, y, task: str, shards: int) -> dict:
@@ -49,7 +49,7 @@ def _write_split(tf, out: str, split: str, x, y, task: str, shards: int) -> dict
 
 def export(data_cfg, out: str, shards: int, eval_shards: int | None = None) -> dict:
     """Load the source `data_cfg` names (a composed data node) and write it to `out`; returns the spec file's content."""
-    from runner import datasets
+    from runner.sources import in_memory
 
     if registry.get("data", data_cfg.name).caps.pipeline is not None:
         raise ConfigError(
@@ -59,7 +59,7 @@ def export(data_cfg, out: str, shards: int, eval_shards: int | None = None) -> d
 
     env.prepare()  # TensorFlow's environment, as the runner sets it, before its import
     with env.native_stderr_captured():  # TensorFlow's C++ start-up lines (absl, CUDA probes), shown only on failure
-        arrays = datasets.load(data_cfg)
+        arrays = in_memory.load(data_cfg)
         import tensorflow as tf
     os.makedirs(out, exist_ok=True)
 
@@ -86,7 +86,7 @@ def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from runner import schema, validate
+    from runner.config import schema, validate
 
     schema.register()
     OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)

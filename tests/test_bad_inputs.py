@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from omegaconf import OmegaConf
 
-from runner import data_checks, datasets, schema
-from runner.builders.data import build_data
+from runner.builders.data.pipeline import build_data
+from runner.config import schema
+from runner.config.validate import validate
 from runner.errors import ConfigError
-from runner.validate import validate
+from runner.sources import checks, in_memory
 
 from helpers import ROOT, run_runner
 
@@ -135,7 +136,7 @@ def test_directories_that_cannot_be_written_are_refused(tmp_path):
 def _arrays(x_train, y_train, x_eval=None, y_eval=None, task="classification", num_classes=None):
     x_eval = x_train if x_eval is None else x_eval
     y_eval = y_train if y_eval is None else y_eval
-    return datasets.ArrayData(x_train, y_train, x_eval, y_eval, task=task, num_classes=num_classes)
+    return in_memory.ArrayData(x_train, y_train, x_eval, y_eval, task=task, num_classes=num_classes)
 
 
 X = np.zeros((8, 3), np.float32)
@@ -166,7 +167,7 @@ Y = np.arange(8) % 2
 )
 def test_data_checks_name_the_array_and_value(data, needles):
     with pytest.raises(ConfigError) as err:
-        data_checks.check_data(data, "data.path='d.npz'")
+        checks.check_data(data, "data.path='d.npz'")
     for needle in ["data.path='d.npz'", *needles]:
         assert needle in str(err.value), str(err.value)
 
@@ -197,17 +198,17 @@ def test_labels_of_a_file_without_eval_arrays_are_named_as_the_files(tmp_path, y
     np.savez(path, x_train=np.zeros((64, 3), np.float32), y_train=y_train)
     cfg = OmegaConf.merge(OmegaConf.structured(schema.NpzDataConfig), {"name": "npz", "path": str(path)})
     with pytest.raises(ConfigError) as err:
-        datasets.load(cfg)
+        in_memory.load(cfg)
     for needle in [f"data.path={str(path)!r}", *needles]:
         assert needle in str(err.value), str(err.value)
     assert "y_eval" not in str(err.value) and "x_eval" not in str(err.value)
 
 
 def test_memory_estimate_refuses_only_what_clearly_does_not_fit():
-    data_checks.check_batch_memory(256, 84, "data=synthetic", available=2**30)
+    checks.check_batch_memory(256, 84, "data=synthetic", available=2**30)
     with pytest.raises(ConfigError, match=r"train.global_batch_size=10000000 would need about .* 1.0 GiB available"):
-        data_checks.check_batch_memory(10**7, 84, "data=synthetic", available=2**30)
-    assert data_checks.available_memory() > 0
+        checks.check_batch_memory(10**7, 84, "data=synthetic", available=2**30)
+    assert checks.available_memory() > 0
 
 
 # --- (b) properties, with Hypothesis ---------------------------------------------------------------------------
@@ -277,14 +278,14 @@ def test_every_out_of_range_value_is_refused_naming_its_key(base_cfg, key, data)
     assert repr(value) in message or str(value) in message, message
 
 
-# --- TF_CONFIG: the pre-flight probe, in-process (runner/preflight.py) ---------------------------------------------
+# --- TF_CONFIG: the pre-flight probe, in-process (runner/preflight/needs.py) ---------------------------------------------
 @pytest.fixture(scope="module")
 def tf_config_cfg():
     return composed("cluster=tf_config", "strategy=multi_worker_mirrored")
 
 
 def _probe_tf_config(cfg, spec):
-    from runner.preflight import tf_config_well_formed
+    from runner.preflight.needs import tf_config_well_formed
 
     with mock.patch.dict(os.environ, {"TF_CONFIG": spec if isinstance(spec, str) else json.dumps(spec)}):
         tf_config_well_formed(cfg)
@@ -441,7 +442,7 @@ def test_malformed_npz_files_end_in_a_config_error_naming_the_file(contents, tas
         cfg = OmegaConf.merge(OmegaConf.structured(schema.NpzDataConfig), {"name": "npz", "path": str(path), "task": task})
         train = OmegaConf.create({"global_batch_size": batch, "steps_per_epoch": None, "seed": 0})
         try:
-            data = datasets.load(cfg)
+            data = in_memory.load(cfg)
             build_data(cfg, data, train, num_replicas=1)
         except ConfigError as err:
             message = str(err)

@@ -1,4 +1,4 @@
-"""runner/checkpoints.py restoring in process: intact checkpoints of a model of another shape are named as such (kept,
+"""runner/executors/checkpoints.py restoring in process: intact checkpoints of a model of another shape are named as such (kept,
 never called damaged), and checkpoints that really cannot be read are (docs/reliability.md, "Stranding")."""
 
 import os
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # imports TensorFlow in process (seconds)
 def _checkpoints(directory, hidden_units, model_keys="", run_dir=None):
     import tf_keras
 
-    from runner.checkpoints import Checkpoints
+    from runner.executors.checkpoints import Checkpoints
     from runner.models import mlp
 
     model = mlp((20,), 3, hidden_units)

@@ -1,4 +1,4 @@
-"""One live owner per run or sweep directory (runner.claims), clock-named defaults that never collide, and resume='s
+"""One live owner per run or sweep directory (runner.control.claims), clock-named defaults that never collide, and resume='s
 saved overrides (runner.app.with_resumed_overrides). Real processes and real locks; no TensorFlow."""
 
 import json
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from runner import claims
 from runner.app import with_resumed_overrides
+from runner.control import claims
 from runner.errors import ConfigError
 
 HOLD = (
-    "import sys, time; from runner import claims; claims.claim(sys.argv[1], 'hydra.run.dir', what=sys.argv[2]); "
+    "import sys, time; from runner.control import claims; claims.claim(sys.argv[1], 'hydra.run.dir', what=sys.argv[2]); "
     "print('held', flush=True); time.sleep(60)"
 )
 
@@ -28,7 +28,7 @@ def hold(directory, what="run"):
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path):
     base = tmp_path / "outputs" / "2026-12-01" / "10-00-00"
-    code = "import sys; from runner import claims; print(claims.fresh_dir(sys.argv[1]), claims.fresh_dir(sys.argv[1]))"
+    code = "import sys; from runner.control import claims; print(claims.fresh_dir(sys.argv[1]), claims.fresh_dir(sys.argv[1]))"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(base)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
     answers = [p.communicate(timeout=60)[0].split() for p in procs]
     assert all(first == again for first, again in answers)  # one answer per process, however often Hydra asks

@@ -19,7 +19,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from runner import helptext, registry, schema, validate
+from runner.config import helptext, registry, schema, validate
 from runner.errors import ConfigError
 
 from helpers import ROOT
@@ -311,7 +311,7 @@ def test_a_mistyped_option_is_one_paragraph_with_the_closest_options(override, n
 
 
 def test_a_key_added_past_the_schema_gets_the_same_hint_from_the_runners_check():
-    """`+key=value` bypasses Hydra's refusal; runner/validate.py refuses the key (exit 2) with the same hint."""
+    """`+key=value` bypasses Hydra's refusal; runner/config/validate.py refuses the key (exit 2) with the same hint."""
     for overrides, needle in [
         (["+train.epoch=3"], "train.epoch is not a key of train (added with +train.epoch=...?): did you mean train.epochs=3?"),
         (["+stratgy=mirrored"], "stratgy is not a key of the config (added with +stratgy=...?): did you mean strategy=mirrored?"),

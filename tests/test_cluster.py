@@ -104,7 +104,7 @@ def test_parameter_server_trains(runs, runner, executor):
 
 def test_tf_config_tasks_started_by_hand(runner, tmp_path):
     """What Kubernetes does: one process per task, each with its TF_CONFIG; worker 0 logs the run."""
-    from runner.launcher import free_ports
+    from runner.launch.localhost import free_ports
 
     spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
     procs = []
@@ -269,7 +269,7 @@ def test_slurm_resolver_from_an_allocations_environment(runner, tmp_path):
 
 
 def test_a_peer_that_never_starts_stops_the_task_in_bounded_time(runner, tmp_path):
-    from runner.launcher import free_ports
+    from runner.launch.localhost import free_ports
 
     spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}  # worker 1 is never started
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -297,8 +297,8 @@ def test_a_peer_that_never_starts_stops_the_task_in_bounded_time(runner, tmp_pat
 
 def test_ctrl_c_stops_a_task_blocked_in_tensorflow_within_seconds(runner, tmp_path):
     """Joining a cluster whose peer never starts, TensorFlow holds the GIL in C++: no signal handler of the process
-    can run. The sentinel (runner/watchdog.py) acts for it: killed seconds after Ctrl-C, run KILLED, nothing left."""
-    from runner.launcher import free_ports
+    can run. The sentinel (runner/control/watchdog.py) acts for it: killed seconds after Ctrl-C, run KILLED, nothing left."""
+    from runner.launch.localhost import free_ports
 
     spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}  # worker 1 is never started
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

@@ -10,9 +10,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from runner import app, schema  # noqa: F401  (app registers the `runner.or` resolver hydra.run.dir uses)
+from runner import app  # noqa: F401  (app registers the `runner.or` resolver hydra.run.dir uses)
+from runner.config import schema
+from runner.config.validate import validate
 from runner.errors import ConfigError
-from runner.validate import validate
 
 from helpers import ROOT
 

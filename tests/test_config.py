@@ -7,9 +7,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner import schema
+from runner.config import schema
+from runner.config.validate import validate
 from runner.errors import ConfigError
-from runner.validate import validate
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)

@@ -1,12 +1,12 @@
-"""runner/data_checks.py, beyond the cases tests/test_bad_inputs.py draws: what passes, each kind of array it refuses,
+"""runner/sources/checks.py, beyond the cases tests/test_bad_inputs.py draws: what passes, each kind of array it refuses,
 custom array names in messages, and the memory estimates. NumPy only."""
 
 import numpy as np
 import pytest
 
-from runner import data_checks
-from runner.datasets import ArrayData
 from runner.errors import ConfigError
+from runner.sources import checks
+from runner.sources.in_memory import ArrayData
 
 WHERE = "data.path='d.npz'"
 X = np.zeros((8, 3), np.float32)
@@ -35,7 +35,7 @@ def refused(call, *args, **kwargs) -> str:
     ids=["eval-smaller", "labels-n-by-1", "int-features", "bool-features", "images", "regression", "regression-2-outputs"],
 )
 def test_data_training_can_use_passes(data):
-    data_checks.check_data(data, WHERE)
+    checks.check_data(data, WHERE)
 
 
 @pytest.mark.parametrize(
@@ -54,46 +54,46 @@ def test_data_training_can_use_passes(data):
     ids=["list", "objects", "complex", "dates", "scalar", "empty", "no-feature-axis", "zero-width", "nan-and-inf"],
 )
 def test_each_kind_of_bad_array_is_named(array, features, needles):
-    message = refused(data_checks.check_array, array, "x_train", WHERE, features=features)
+    message = refused(checks.check_array, array, "x_train", WHERE, features=features)
     assert message.startswith(WHERE), message
     for needle in needles:
         assert needle in message, message
 
 
 def test_labels_need_no_feature_axis():
-    data_checks.check_array(Y, "y_train", WHERE, features=False)
+    checks.check_array(Y, "y_train", WHERE, features=False)
 
 
 def test_pairs_of_equal_length_pass_and_the_longer_one_is_named():
-    data_checks.check_pair(X, Y, "x_train", "y_train", WHERE)
-    message = refused(data_checks.check_pair, X[:3], Y, "x_eval", "y_eval", WHERE)
+    checks.check_pair(X, Y, "x_train", "y_train", WHERE)
+    message = refused(checks.check_pair, X[:3], Y, "x_eval", "y_eval", WHERE)
     assert "'x_eval' has 3 examples but 'y_eval' has 8" in message and "'y_eval' is longer" in message
 
 
 def test_messages_use_the_names_the_file_gives_its_arrays():
     names = {"x_train": "features", "y_train": "labels"}
-    message = refused(data_checks.check_data, ArrayData(X, Y[:5], X, Y, task="classification"), WHERE, names)
+    message = refused(checks.check_data, ArrayData(X, Y[:5], X, Y, task="classification"), WHERE, names)
     assert "'features' has 8 examples but 'labels' has 5" in message
 
 
 def test_eval_labels_of_another_shape_are_refused():
     data = ArrayData(X, np.ones((8, 2), np.float32), X, np.ones((8, 3), np.float32), task="regression")
-    assert "training and eval labels differ in shape" in refused(data_checks.check_data, data, WHERE)
+    assert "training and eval labels differ in shape" in refused(checks.check_data, data, WHERE)
 
 
 def test_regression_targets_of_more_than_two_axes_are_refused():
     y = np.ones((8, 2, 2), np.float32)
-    message = refused(data_checks.check_data, ArrayData(X, y, X, y, task="regression"), WHERE)
+    message = refused(checks.check_data, ArrayData(X, y, X, y, task="regression"), WHERE)
     assert "data.task=regression needs targets of shape (n,) or (n, outputs)" in message and "(8, 2, 2)" in message
 
 
 def test_an_eval_label_past_the_classes_is_named_with_its_array():
     data = ArrayData(X, Y, X, Y + 5, task="classification", num_classes=2)
-    assert "'y_eval' holds the label 6, but there are 2 classes (labels 0..1)" in refused(data_checks.check_data, data, WHERE)
+    assert "'y_eval' holds the label 6, but there are 2 classes (labels 0..1)" in refused(checks.check_data, data, WHERE)
 
 
 def test_available_memory_is_positive_and_at_most_the_machines():
-    available = data_checks.available_memory()
+    available = checks.available_memory()
     with open("/proc/meminfo") as f:
         total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
     assert 0 < available <= total
@@ -103,24 +103,24 @@ def test_available_memory_is_positive_and_at_most_the_machines():
     "available,shown", [(2**30, "1.0 GiB available"), (100 * 2**20, "100 MiB available"), (3 * 2**31, "6.0 GiB available")]
 )
 def test_batch_memory_refused_only_past_what_is_available_and_says_what_fits(available, shown):
-    per_example = data_checks.BATCH_COPIES * 1000 + data_checks.ACTIVATION_BYTES
+    per_example = checks.BATCH_COPIES * 1000 + checks.ACTIVATION_BYTES
     fits = available // per_example
-    data_checks.check_batch_memory(fits, 1000, "data=npz", available=available)
-    message = refused(data_checks.check_batch_memory, fits + 1, 1000, "data=npz", available=available)
+    checks.check_batch_memory(fits, 1000, "data=npz", available=available)
+    message = refused(checks.check_batch_memory, fits + 1, 1000, "data=npz", available=available)
     assert f"train.global_batch_size={fits + 1} would need about" in message and shown in message, message
     assert f"Use a global batch of at most ~{fits}." in message
 
 
 def test_data_memory_refused_only_past_what_is_available():
-    per_example = 80 * data_checks.DATA_COPIES
-    data_checks.check_data_memory("data.num_examples", 1000, 1000, 80, "data=synthetic", available=1000 * per_example)
+    per_example = 80 * checks.DATA_COPIES
+    checks.check_data_memory("data.num_examples", 1000, 1000, 80, "data=synthetic", available=1000 * per_example)
     message = refused(
-        data_checks.check_data_memory, "data.num_examples", 1001, 1001, 80, "data=synthetic", available=1000 * per_example
+        checks.check_data_memory, "data.num_examples", 1001, 1001, 80, "data=synthetic", available=1000 * per_example
     )
     assert message.startswith("data.num_examples=1001 would need about") and "Use at most ~1000 examples in all." in message
 
 
 def test_memory_checks_use_this_machines_memory_when_not_told():
-    data_checks.check_batch_memory(64, 80, "data=synthetic")  # a default run fits anywhere
+    checks.check_batch_memory(64, 80, "data=synthetic")  # a default run fits anywhere
     with pytest.raises(ConfigError, match="train.global_batch_size=10000000000000"):
-        data_checks.check_batch_memory(10**13, 80, "data=synthetic")
+        checks.check_batch_memory(10**13, 80, "data=synthetic")

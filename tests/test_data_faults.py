@@ -1,4 +1,4 @@
-"""Data that breaks while it is read (runner.data_faults, tfrecord_format.damage_at): TensorFlow's errors, as TF 2.21
+"""Data that breaks while it is read (runner.sources.faults, tfrecord_format.damage_at): TensorFlow's errors, as TF 2.21
 words them in graph and eager mode, turned into one paragraph naming the file and record. No TensorFlow: the files
 are written by the pure-Python framer and damaged byte by byte."""
 
@@ -7,8 +7,8 @@ import struct
 from omegaconf import OmegaConf
 from test_tfrecord_source import data_cfg, example
 
-from runner.data_faults import damaged_data, tf_says
-from runner.tfrecord_format import damage_at, write_records
+from runner.sources.faults import damaged_data, tf_says
+from runner.sources.tfrecord_format import damage_at, write_records
 
 GRAPH = (
     "Graph execution error:\n\nDetected at node IteratorGetNext defined at (most recent call last):\n"

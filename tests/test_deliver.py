@@ -1,6 +1,6 @@
 """`python -m runner.deliver` on outboxes that are damaged, taken by two deliveries at once, or meant for a store that
 lacks the run (docs/reliability.md, "Tracking faults"). In process: runner.deliver.main against real SQLite MLflow
-stores, outboxes written by runner/outbox.py itself; one subprocess test starts two real deliveries together."""
+stores, outboxes written by runner/tracking/outbox.py itself; one subprocess test starts two real deliveries together."""
 
 import json
 import os
@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from runner import deliver, outbox
+from runner import deliver
+from runner.mlflow_process import delivery
+from runner.tracking import outbox
 
 KEY = "late/loss"
 
@@ -154,7 +156,7 @@ def test_two_deliveries_at_once_send_each_value_once(run):
 
     def one():
         try:
-            results.append(outbox.send(slow, str(out)))
+            results.append(delivery.send_outbox(slow, str(out)))
         except Exception as err:  # noqa: BLE001 - the test reports it
             errors.append(err)
 
@@ -174,12 +176,12 @@ def test_a_save_during_a_delivery_is_not_lost(run):
     client, run_id, out = run
     outbox.save(str(out), run_id, values(range(1, 3)), [], None)
     slow = SlowClient(client)
-    sender = threading.Thread(target=outbox.send, args=(slow, str(out)))
+    sender = threading.Thread(target=delivery.send_outbox, args=(slow, str(out)))
     sender.start()
     time.sleep(0.05)
     outbox.save(str(out), run_id, values(range(3, 5)), [], None)  # waits for the delivery, then appends
     sender.join(30)
-    outbox.deliver(client, str(out))
+    delivery.deliver_outbox(client, str(out))
     assert steps_in(client, run_id) == [1, 2, 3, 4]
 
 

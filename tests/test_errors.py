@@ -43,7 +43,7 @@ ROWS = {
         1,
         ["Error: {tmp}/conf/model/broken.yaml, line 3, column 5: this config file is not valid YAML", "expected ','"],
     ),
-    # runner/validate.py (exit 2): no TensorFlow import
+    # runner/config/validate.py (exit 2): no TensorFlow import
     "zero-epochs": Row(["train.epochs=0"], 2, ["train.epochs=0 must be a positive integer"]),
     "negative-steps": Row(["train.steps_per_epoch=-5"], 2, ["train.steps_per_epoch=-5 must be 1 or more, or null"]),
     "zero-batch": Row(["train.global_batch_size=0"], 2, ["train.global_batch_size=0 must be a positive integer"]),

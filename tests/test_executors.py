@@ -33,9 +33,9 @@ def test_concrete_per_iterator_gives_tf_function_results_follows_new_iterators_a
     assert take.experimental_get_tracing_count() == 2
     assert int(call(first, tf.constant(1))) == 6  # the first iterator carries on where it stopped
 
-    # Bound iterators are kept until the process ends (runner/teardown.py): releasing one can block the caller for
+    # Bound iterators are kept until the process ends (runner/control/teardown.py): releasing one can block the caller for
     # seconds on tf.data's autotuning thread, so it must not happen between the last step and the model's save.
-    from runner import teardown
+    from runner.control import teardown
 
     gone = weakref.ref(first)
     del first

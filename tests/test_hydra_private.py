@@ -1,10 +1,10 @@
-"""runner/hydra_private.py: the private Hydra names it rewrites still exist with the shape the hooks call, and the
+"""runner/config/hydra_private.py: the private Hydra names it rewrites still exist with the shape the hooks call, and the
 hooks are in place once the runner's config is registered (a Hydra release that moves them fails here, loudly)."""
 
 import importlib
 import inspect
 
-from runner import hydra_private, schema
+from runner.config import hydra_private, schema
 
 
 def _resolve(dotted):

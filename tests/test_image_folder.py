@@ -7,9 +7,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner import preflight, schema, validate
+from runner.config import schema, validate
 from runner.errors import ConfigError
-from runner.image_folder_source import load_source
+from runner.preflight import needs
+from runner.sources.image_folder import load_source
 
 from helpers import write_image_folder, write_png
 
@@ -36,7 +37,7 @@ def refused(**data) -> str:
     cfg = composed(**data)
     with pytest.raises(ConfigError) as err:
         validate.check_config(cfg)
-        preflight.option_probes(cfg)
+        needs.option_probes(cfg)
     message = str(err.value)
     assert "\n" not in message
     return message

@@ -26,7 +26,7 @@ ARGS = [
 def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_history(runner):
     from mlflow import MlflowClient
 
-    from runner.journal import read
+    from runner.tracking.journal import read
 
     run_dir = runner.root / "runs" / "journal-kill9"
     live = LiveRun([*ARGS, "mlflow.run_name=journal-kill9"], runner.root, run_dir, runner.uri)

@@ -1,4 +1,4 @@
-"""runner/journal.py on a journal damaged past a line cut by a kill (bytes that are not text, rows of the wrong
+"""runner/tracking/journal.py on a journal damaged past a line cut by a kill (bytes that are not text, rows of the wrong
 types): a resume reads what is whole instead of stopping on a traceback, and keeps the damaged file. In process,
 against a real SQLite MLflow store."""
 
@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from runner import journal
+from runner.mlflow_process import delivery
+from runner.tracking import journal
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_random_bytes_and_wrong_rows_are_skipped_and_the_journal_is_kept(mlflow,
     with open(journal.path_in(str(tmp_path)), "a") as f:
         f.write('["loss", 3.0, 1700000000003, 3]\n')
     assert journal.read(str(tmp_path)) == (rows([1, 2, 3]), 3)
-    assert journal.deliver(client, run_id, str(tmp_path)) == (3, 3)
+    assert delivery.deliver_journal(client, run_id, str(tmp_path)) == (3, 3)
     assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == [1, 2, 3]
     assert not (tmp_path / journal.FILE).exists() and (tmp_path / journal.DAMAGED).exists()  # kept to look at
 

@@ -15,9 +15,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner import preflight, schema
+from runner.config import schema
+from runner.config.validate import check_config
 from runner.errors import ConfigError
-from runner.validate import check_config
+from runner.preflight import needs
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
@@ -57,9 +58,9 @@ def test_weights_path_that_does_not_exist_is_refused_by_preflight(tmp_path):
     cfg = composed("model=keras_app", f"model.weights={missing}")
     check_config(cfg)  # a path is a valid value: whether it is there is the probe's question
     with pytest.raises(ConfigError, match="model.weights=.*no_such_notop.h5 is not a file here"):
-        preflight.model_weights_exist(cfg)
+        needs.model_weights_exist(cfg)
     missing.write_bytes(b"")
-    preflight.model_weights_exist(composed("model=keras_app", f"model.weights={missing}"))
+    needs.model_weights_exist(composed("model=keras_app", f"model.weights={missing}"))
 
 
 def test_refusal_comes_from_the_cli_without_importing_tensorflow(tmp_path):
@@ -79,7 +80,7 @@ def test_refusal_comes_from_the_cli_without_importing_tensorflow(tmp_path):
 def test_keras_app_composes_and_help_lists_it():
     model = composed("model=keras_app").model
     assert model._target_ == "runner.models.keras_app" and model.application == "MobileNetV2" and model.weights is None
-    from runner import helptext
+    from runner.config import helptext
 
     assert "model: cnn, keras_app, linear, mlp" in helptext.render()
 

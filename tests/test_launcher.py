@@ -1,4 +1,4 @@
-"""runner/launcher.py (cluster=localhost), in process: the cluster spec, what each task is started with, and the
+"""runner/launch/localhost.py (cluster=localhost), in process: the cluster spec, what each task is started with, and the
 supervisor, which runs real tasks built by build_tasks with their `python -m runner` swapped for a tiny
 `python -c` script (no TensorFlow), so exits, signals, restarts and a frozen peer happen for real."""
 
@@ -13,9 +13,11 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-from runner import contract, launcher, procs, schema, stopping
+from runner.config import schema
+from runner.control import contract, procs, stopping
 from runner.errors import ClusterError
-from runner.launcher import TaskPreempted
+from runner.launch import localhost
+from runner.launch.localhost import TaskPreempted
 
 from helpers import ROOT
 
@@ -44,7 +46,7 @@ PS = ["strategy=parameter_server", "cluster=localhost", "executor=custom_loop"]
     ],
 )
 def test_signal_name(code, text):
-    assert launcher.signal_name(code) == text
+    assert localhost.signal_name(code) == text
 
 
 def _ports_of(spec):
@@ -64,13 +66,13 @@ def _ports_of(spec):
     ],
 )
 def test_multi_worker_cluster_spec(tmp_path, overrides, shape):
-    spec = launcher.cluster_spec(composed(tmp_path, *MWMS, *overrides))
+    spec = localhost.cluster_spec(composed(tmp_path, *MWMS, *overrides))
     assert {job: len(addrs) for job, addrs in spec.items()} == shape
     _ports_of(spec)
 
 
 def test_parameter_server_cluster_spec_always_has_a_chief(tmp_path):
-    spec = launcher.cluster_spec(composed(tmp_path, *PS, "cluster.workers=2", "cluster.ps=2"))
+    spec = localhost.cluster_spec(composed(tmp_path, *PS, "cluster.workers=2", "cluster.ps=2"))
     assert list(spec) == ["chief", "worker", "ps"]
     assert {job: len(addrs) for job, addrs in spec.items()} == {"chief": 1, "worker": 2, "ps": 2}
     _ports_of(spec)
@@ -79,7 +81,7 @@ def test_parameter_server_cluster_spec_always_has_a_chief(tmp_path):
 def test_free_ports_are_free_and_distinct():
     import socket
 
-    ports = launcher.free_ports(4)
+    ports = localhost.free_ports(4)
     assert len(set(ports)) == 4
     for port in ports:
         with socket.socket() as s:
@@ -103,7 +105,7 @@ def test_task_overrides_drop_what_the_launcher_decides_for_each_task():
         "clusters=2",
         "train.epochs=3",
     ]
-    assert launcher._task_overrides([*given, "strategy.collective_timeout_sec=5"], "multi_worker_mirrored") == [
+    assert localhost._task_overrides([*given, "strategy.collective_timeout_sec=5"], "multi_worker_mirrored") == [
         "checkpoint.every_n_steps=5",
         "mlflow.run_name=x",
         "clusters=2",
@@ -117,7 +119,7 @@ def test_task_overrides_drop_what_the_launcher_decides_for_each_task():
 def test_every_task_gets_its_tf_config_run_directory_and_the_launchs_run(tmp_path):
     cfg = composed(tmp_path, *PS, "cluster.workers=2", "cluster.ps=1", "cluster.evaluator=true", "cluster.start_timeout_sec=33")
     overrides = [*PS, "cluster.workers=2", "train.epochs=3", "mlflow.tracking_uri=http://u:secret@h"]
-    tasks = launcher.build_tasks(cfg, overrides, run_id="run-123", uri="http://u:secret@h")
+    tasks = localhost.build_tasks(cfg, overrides, run_id="run-123", uri="http://u:secret@h")
     assert [t.name for t in tasks] == ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
     spec = json.loads(tasks[0].env["TF_CONFIG"])["cluster"]
     assert {job: len(addrs) for job, addrs in spec.items()} == {"chief": 1, "worker": 2, "ps": 1}
@@ -146,7 +148,7 @@ def test_every_task_gets_its_tf_config_run_directory_and_the_launchs_run(tmp_pat
 
 def test_multi_worker_tasks_all_train_and_share_a_given_checkpoint_directory(tmp_path):
     cfg = composed(tmp_path, *MWMS, "cluster.workers=3", f"checkpoint.dir={tmp_path}/shared")
-    tasks = launcher.build_tasks(cfg, [], run_id="r", uri="sqlite:///x.db")
+    tasks = localhost.build_tasks(cfg, [], run_id="r", uri="sqlite:///x.db")
     assert [t.name for t in tasks] == ["worker:0", "worker:1", "worker:2"]
     assert not any(t.is_server for t in tasks)
     assert all(t.argv[-1] == f"checkpoint.dir={tmp_path}/shared" for t in tasks)
@@ -168,7 +170,7 @@ def cluster(tmp_path):
 
     def make(overrides, commands):
         cfg = composed(tmp_path, *overrides)
-        tasks = launcher.build_tasks(cfg, [], run_id="run-1", uri=f"sqlite:///{tmp_path}/mlflow.db")
+        tasks = localhost.build_tasks(cfg, [], run_id="run-1", uri=f"sqlite:///{tmp_path}/mlflow.db")
         for t in tasks:
             t.argv = commands[t.name]
         made.extend(tasks)
@@ -194,7 +196,7 @@ def test_supervise_returns_once_every_trainer_exits_0_and_prefixes_their_output(
             "worker:1": script("time.sleep(0.3); print('hello from 1')"),
         },
     )
-    launcher.supervise(tasks, cfg)
+    localhost.supervise(tasks, cfg)
     for t in tasks:
         t.pumps[0].join(timeout=10)
     out = capsys.readouterr().out
@@ -211,9 +213,9 @@ def test_under_parameter_server_the_job_ends_with_the_chief_and_stop_all_stops_t
             "ps:0": SERVE,
         },
     )
-    launcher.supervise(tasks, cfg)
+    localhost.supervise(tasks, cfg)
     assert [t.proc.poll() for t in tasks] == [0, None, None]
-    launcher.stop_all(tasks, grace=10)
+    localhost.stop_all(tasks, grace=10)
     assert [t.proc.returncode for t in tasks] == [0, -signal.SIGTERM, -signal.SIGTERM]
 
 
@@ -227,27 +229,27 @@ def test_under_parameter_server_the_job_ends_with_the_chief_and_stop_all_stops_t
 def test_a_trainer_that_fails_stops_the_job_with_an_error_naming_it(cluster, tmp_path, last_words, reason):
     cfg, tasks = cluster(MWMS, {"worker:0": SERVE, "worker:1": script("time.sleep(0.2)", last_words)})
     with pytest.raises(ClusterError) as err:
-        launcher.supervise(tasks, cfg)
+        localhost.supervise(tasks, cfg)
     dead = tasks[1]
     message = str(err.value)
     assert message.startswith(f"task worker:1 (pid {dead.proc.pid}) stopped: {reason}. The other tasks were stopped.")
     assert f"{dead.run_dir}/runner.log" in message and f"resume={tmp_path}" in message
     assert err.value.exit_code == 3
-    launcher.stop_all(tasks, grace=10)
+    localhost.stop_all(tasks, grace=10)
     assert tasks[0].proc.returncode == -signal.SIGTERM
 
 
 def test_a_trainer_that_exits_as_preempted_stops_the_job_as_preempted(cluster):
     cfg, tasks = cluster(MWMS, {"worker:0": SERVE, "worker:1": script(f"sys.exit({stopping.EXIT_CODES[signal.SIGTERM]})")})
     with pytest.raises(TaskPreempted) as err:
-        launcher.supervise(tasks, cfg)
+        localhost.supervise(tasks, cfg)
     assert err.value.signal_name == "SIGTERM" and err.value.exit_code == 143
     assert "task worker:1 was preempted (SIGTERM)" in str(err.value)
 
 
 def test_a_task_that_says_it_was_signalled_is_marked_notified(cluster):
     cfg, tasks = cluster(MWMS, {"worker:0": script(f"print('SIGTERM {stopping.NOTICE}')"), "worker:1": script("pass")})
-    launcher.supervise(tasks, cfg)
+    localhost.supervise(tasks, cfg)
     for t in tasks:
         t.pumps[0].join(timeout=10)
     assert [t.notified for t in tasks] == [True, False]
@@ -264,7 +266,7 @@ def test_a_server_that_dies_is_restarted_until_restart_workers_then_the_job_stop
     )
     with caplog.at_level("WARNING", logger="runner"):
         with pytest.raises(ClusterError, match=r"task ps:0 \(pid \d+\) stopped: exit code 1"):
-            launcher.supervise(tasks, cfg)
+            localhost.supervise(tasks, cfg)
     ps = tasks[2]
     assert ps.restarts == 2 and len(ps.pumps) == 3  # started three times
     restarts = [r.getMessage() for r in caplog.records if "restarting it" in r.getMessage()]
@@ -285,12 +287,12 @@ def test_a_frozen_peer_is_the_one_blamed(cluster, tmp_path):
         },
     )
     with pytest.raises(ClusterError) as err:
-        launcher.supervise(tasks, cfg)
+        localhost.supervise(tasks, cfg)
     frozen = tasks[0]
     message = str(err.value)
     assert message.startswith(f"task worker:0 (pid {frozen.proc.pid}) was stopped (SIGSTOP or a debugger)")
     assert "task worker:1 gave up waiting for it (exit code 1)" in message
-    launcher.stop_all(tasks, grace=0.5)  # a stopped process cannot act on SIGTERM: SIGKILL after the grace period
+    localhost.stop_all(tasks, grace=0.5)  # a stopped process cannot act on SIGTERM: SIGKILL after the grace period
     assert frozen.proc.returncode == -signal.SIGKILL
 
 
@@ -306,7 +308,7 @@ def test_the_evaluator_gets_start_timeout_sec_to_finish_after_training(cluster, 
     )
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="runner"):
-        launcher.supervise(tasks, cfg)
+        localhost.supervise(tasks, cfg)
     assert time.monotonic() - started >= 0.5
     assert "evaluator:0 did not finish evaluating; stopping it" in caplog.text
     assert tasks[3].proc.poll() is None  # left to stop_all
@@ -322,7 +324,7 @@ def test_an_evaluator_that_finishes_is_waited_for(cluster):
             "evaluator:0": script("time.sleep(0.5)"),
         },
     )
-    launcher.supervise(tasks, cfg)
+    localhost.supervise(tasks, cfg)
     assert tasks[3].proc.returncode == 0
 
 
@@ -345,7 +347,7 @@ def test_stop_all_kills_a_task_that_ignores_sigterm_after_the_grace_period(clust
         time.sleep(0.05)
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="runner"):
-        launcher.stop_all(tasks, grace=0.5)
+        localhost.stop_all(tasks, grace=0.5)
     assert 0.5 <= time.monotonic() - started < 10
     assert [t.proc.returncode for t in tasks] == [-signal.SIGKILL, -signal.SIGTERM]
     assert "worker:0 did not stop in time; killing it" in caplog.text
@@ -357,7 +359,7 @@ def test_wait_for_lets_tasks_end_by_themselves_within_the_time_given(cluster):
     for t in tasks:
         t.start(lock)
     started = time.monotonic()
-    launcher.wait_for(tasks, 1.0)
+    localhost.wait_for(tasks, 1.0)
     assert 0.9 <= time.monotonic() - started < 10
     assert [t.proc.poll() for t in tasks] == [0, None]
 
@@ -379,11 +381,12 @@ def test_the_tasks_die_with_the_launcher():
     code = (
         "import sys\n"
         "from hydra import compose, initialize_config_dir\n"
-        "from runner import launcher, schema\n"
+        "from runner.config import schema\n"
+        "from runner.launch import localhost\n"
         "schema.register()\n"
         f"with initialize_config_dir(config_dir={str(ROOT / 'conf')!r}, version_base='1.3'):\n"
         "    cfg = compose(config_name='config', overrides=['output_dir=/tmp/x', *sys.argv[1:]])\n"
-        "tasks = launcher.build_tasks(cfg, [], run_id='r', uri='sqlite:///x.db')\n"
+        "tasks = localhost.build_tasks(cfg, [], run_id='r', uri='sqlite:///x.db')\n"
         "import threading; lock = threading.Lock()\n"
         "for t in tasks:\n"
         "    t.argv = [sys.executable, '-c', 'import time; time.sleep(120)']\n"

@@ -1,9 +1,9 @@
-"""runner/layout.py, in-process: the one rule for task roles and for where a run's checkpoints go."""
+"""runner/config/layout.py, in-process: the one rule for task roles and for where a run's checkpoints go."""
 
 import pytest
 from omegaconf import OmegaConf
 
-from runner import layout
+from runner.config import layout
 
 
 @pytest.mark.parametrize(

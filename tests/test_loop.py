@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from runner import stopping
+from runner.control import stopping
 from runner.errors import TrainingError
 from runner.executors import loop
-from runner.profiling import Profile
+from runner.executors.profiling import Profile
 
 
 class Reporter:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
-from runner import schema
+from runner.config import schema
+from runner.config.validate import check_config
 from runner.errors import ConfigError, RunnerError
-from runner.validate import check_config
 
 schema.register()
 
@@ -39,14 +39,14 @@ def test_register_as_takes_a_plain_name_and_needs_a_model_to_register():
 
 # --- datasets ---------------------------------------------------------------------------------------------------
 def _synthetic(seed):
-    from runner import datasets
+    from runner.sources import in_memory
 
     cfg = composed(f"data.seed={seed}").data
-    return cfg, datasets.load(cfg)
+    return cfg, in_memory.load(cfg)
 
 
 def test_array_digests_follow_the_data_not_the_run():
-    from runner.data_description import describe
+    from runner.sources.description import describe
 
     one, again, two = describe(*_synthetic(1)), describe(*_synthetic(1)), describe(*_synthetic(2))
     assert [d["context"] for d in one] == ["train", "eval"]
@@ -57,8 +57,8 @@ def test_array_digests_follow_the_data_not_the_run():
 
 def test_file_digests_come_from_names_sizes_and_mtimes_without_reading(tmp_path):
     """A FIFO stands in for a TFRecord file: reading it would block, so the digest proves no file was opened."""
-    from runner.data_description import describe
-    from runner.tfrecord_source import TFRecordSource
+    from runner.sources.description import describe
+    from runner.sources.tfrecord import TFRecordSource
 
     fifo, shard = tmp_path / "train-0.tfrecord", tmp_path / "eval-0.tfrecord"
     os.mkfifo(fifo)
@@ -77,8 +77,8 @@ def test_file_digests_come_from_names_sizes_and_mtimes_without_reading(tmp_path)
 def test_dataset_entities_are_what_mlflow_logs(sqlite_uri):
     from mlflow import MlflowClient
 
-    from runner.data_description import describe
-    from runner.mlflow_ops import dataset_inputs
+    from runner.mlflow_process.ops import dataset_inputs
+    from runner.sources.description import describe
 
     client = MlflowClient(sqlite_uri)
     run_id = client.create_run("0").info.run_id
@@ -99,7 +99,7 @@ def _run_with_artifacts_in(uri, tmp_path) -> str:
 
 # --- the model --------------------------------------------------------------------------------------------------
 def test_a_model_that_cannot_be_logged_says_why(sqlite_uri, tmp_path):
-    from runner.mlflow_ops import log_keras_model
+    from runner.mlflow_process.ops import log_keras_model
 
     run_id = _run_with_artifacts_in(sqlite_uri, tmp_path)
     spec = {"dtype": "float32", "shape": [2]}
@@ -117,7 +117,7 @@ class _Refusing:
 
 
 def test_a_failed_model_logging_is_a_warning_unless_registering(caplog):
-    from runner.logged_model import log_mlflow_model
+    from runner.tracking.logged_model import log_mlflow_model
 
     data = SimpleNamespace(input_shape=(3,), num_outputs=2, x_train=np.zeros((4, 3), np.float32))
     with caplog.at_level(logging.WARNING, logger="runner"):
@@ -131,7 +131,7 @@ def test_a_failed_model_logging_is_a_warning_unless_registering(caplog):
 def test_a_model_that_cannot_be_loaded_back_says_why(sqlite_uri, tmp_path):
     """Logging never loads the model (that would import TensorFlow at the end of every run): a damaged .keras is
     found when the model is loaded, with a message naming the file."""
-    from runner.mlflow_ops import log_keras_model
+    from runner.mlflow_process.ops import log_keras_model
 
     broken = tmp_path / "model.keras"
     broken.write_text("not a keras archive")
@@ -148,7 +148,7 @@ def test_a_model_that_cannot_be_loaded_back_says_why(sqlite_uri, tmp_path):
 
 # --- system metrics ---------------------------------------------------------------------------------------------
 def test_system_metrics_without_psutil_are_a_warning(monkeypatch, caplog):
-    from runner.mlflow_ops import SystemMetrics
+    from runner.mlflow_process.ops import SystemMetrics
 
     monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
     with caplog.at_level(logging.WARNING, logger="runner"):
@@ -162,7 +162,7 @@ def test_system_metrics_whose_last_point_cannot_be_sent_are_one_warning(monkeypa
     the end (the run still finished with every point). A send that outlasts the 5 s wait is said once too, not twice."""
     import time
 
-    from runner import mlflow_ops
+    from runner.mlflow_process import ops
 
     def refused(after):
         def flush():
@@ -172,7 +172,7 @@ def test_system_metrics_whose_last_point_cannot_be_sent_are_one_warning(monkeypa
         return flush
 
     monkeypatch.setitem(sys.modules, "psutil", None)  # no monitor of MLflow's is started: the fake below is stopped
-    monkeypatch.setattr(mlflow_ops, "STOP_WAIT_SEC", 0.2)
+    monkeypatch.setattr(ops, "STOP_WAIT_SEC", 0.2)
     for after, line in [
         (
             0,
@@ -180,7 +180,7 @@ def test_system_metrics_whose_last_point_cannot_be_sent_are_one_warning(monkeypa
         ),
         (0.5, "system metrics: the last point was not logged within 0s; left behind"),  # its failure later: not said again
     ]:
-        metrics = mlflow_ops.SystemMetrics("sqlite:///unused.db", "run", 1.0, False)
+        metrics = ops.SystemMetrics("sqlite:///unused.db", "run", 1.0, False)
         metrics._started.join()
         metrics.monitor = SimpleNamespace(
             finish=lambda: None,
@@ -196,23 +196,3 @@ def test_system_metrics_whose_last_point_cannot_be_sent_are_one_warning(monkeypa
             time.sleep(after + 0.2)  # the thread left behind has failed by now
         assert [r.getMessage() for r in caplog.records if r.name == "runner"] == [line]
     assert "Exception in thread" not in capsys.readouterr().err
-
-
-def test_the_training_side_of_these_features_never_imports_mlflow():
-    """Describing the data and asking for the model run in the training process, which must not import mlflow
-    (seconds of its start-up): they send plain values to the MLflow process."""
-    import ast
-    from pathlib import Path
-
-    runner_dir = Path(__file__).resolve().parents[1] / "runner"
-    for name in ("data_description.py", "logged_model.py", "runlog.py", "mlflow_pipe.py", "tracking.py", "experiment.py"):
-        tree = ast.parse((runner_dir / name).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [node.module or ""]
-            else:
-                continue
-            assert not any(m == "mlflow" or m.startswith("mlflow.") for m in modules), f"{name} imports {modules}"
-            assert "runner.mlflow_ops" not in modules and "runner.mlflow_model" not in modules, f"{name} imports {modules}"

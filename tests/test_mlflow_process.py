@@ -1,4 +1,4 @@
-"""The MLflow process (runner/mlflow_process.py) and its pipe (runner/mlflow_pipe.py): calls reach a real store,
+"""The MLflow process (runner/mlflow_process/process.py) and its pipe (runner/tracking/pipe.py): calls reach a real store,
 and a killed MLflow process is started again without losing a metric or leaving the run RUNNING."""
 
 import os
@@ -29,7 +29,7 @@ def _cmdline(pid: int) -> str:
 def test_calls_reach_the_store_and_a_killed_process_is_replaced(sqlite_uri, caplog):
     from mlflow import MlflowClient
 
-    from runner.mlflow_pipe import Pipe, PipeError
+    from runner.tracking.pipe import Pipe, PipeError
 
     client = MlflowClient(sqlite_uri)
     run_id = client.create_run("0").info.run_id
@@ -65,7 +65,7 @@ def test_a_run_whose_mlflow_process_is_killed_still_logs_every_step_and_finishes
             "mlflow.experiment_name=mlflow-process", "mlflow.run_name=killed-tracker"]  # fmt: skip
     live = LiveRun(args, tmp_path, tmp_path / "run", uri)
     live.wait_for(lambda line: "epoch 2/40" in line, 120)
-    trackers = [p for p in _child_pids(live.proc.pid) if "runner.mlflow_process" in _cmdline(p)]
+    trackers = [p for p in _child_pids(live.proc.pid) if "runner.mlflow_process.process" in _cmdline(p)]
     assert len(trackers) == 1
     os.kill(trackers[0], signal.SIGKILL)
     code, output = live.finish(timeout=300)

@@ -14,8 +14,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner import data_checks, preflight, schema
+from runner.config import schema
 from runner.errors import ConfigError
+from runner.preflight import needs
+from runner.sources import checks
 
 from helpers import mlflow_run_by_name
 
@@ -70,7 +72,7 @@ def test_a_weights_file_that_is_not_weights_is_refused_before_tensorflow(kind, n
     path = not_weights(kind, tmp_path / "backbone_notop.h5")
     cfg = composed(*DIGITS, f"model.weights={path}")
     with pytest.raises(ConfigError) as err:
-        preflight.model_weights_exist(cfg)
+        needs.model_weights_exist(cfg)
     message = str(err.value)
     assert message.startswith(f"model.weights={path} is not a weights file: ") and needle in message, message
     assert "model.weights=null" in message and "\n" not in message
@@ -78,19 +80,19 @@ def test_a_weights_file_that_is_not_weights_is_refused_before_tensorflow(kind, n
 
 def test_keras_weights_files_pass_the_file_check(tmp_path):
     """Whether they fit the application is the builder's question (below)."""
-    preflight.model_weights_exist(composed(*DIGITS, f"model.weights={other_architecture(tmp_path / 'w.h5')}"))
+    needs.model_weights_exist(composed(*DIGITS, f"model.weights={other_architecture(tmp_path / 'w.h5')}"))
 
 
 def test_resized_images_that_cannot_fit_are_refused_before_tensorflow(monkeypatch):
-    monkeypatch.setattr(data_checks, "available_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(checks, "available_memory", lambda: 16 * 2**30)
     cfg = composed("model=keras_app", "data=digits", "model.resize_to=[20000,20000]")
     with pytest.raises(ConfigError) as err:
-        preflight.resized_images_fit(cfg)
+        needs.resized_images_fit(cfg)
     message = str(err.value)
     assert "model.resize_to=[20000, 20000] would need at least 95.4 GiB" in message, message
     assert "64 examples of train.global_batch_size" in message and "16.0 GiB available" in message
     assert "ResourceExhaustedError" in message
-    preflight.resized_images_fit(composed("model=keras_app", "data=digits", "model.resize_to=[224,224]"))
+    needs.resized_images_fit(composed("model=keras_app", "data=digits", "model.resize_to=[224,224]"))
 
 
 # --- built in process (TensorFlow) -------------------------------------------------------------------------------
@@ -125,7 +127,7 @@ def test_weights_of_another_architecture_name_the_file_and_what_it_must_hold(tmp
 
 @pytest.mark.slow
 def test_layers_that_cannot_fit_are_refused_once_built_with_the_estimate(monkeypatch):
-    monkeypatch.setattr(data_checks, "available_memory", lambda: 64 * 2**20)
+    monkeypatch.setattr(checks, "available_memory", lambda: 64 * 2**20)
     with pytest.raises(ConfigError) as err:
         _build("model=keras_app", "data=digits", "model.resize_to=[128,128]", "+model.alpha=0.35")
     message = str(err.value)

@@ -1,11 +1,12 @@
-"""runner/outbox.py and runner/journal.py: what MLflow did not get, kept on disk and delivered later, round trip
+"""runner/tracking/outbox.py and runner/tracking/journal.py: what MLflow did not get, kept on disk and delivered later, round trip
 into a real SQLite MLflow store (written by the real modules, read back with MlflowClient)."""
 
 import json
 
 import pytest
 
-from runner import journal, outbox
+from runner.mlflow_process import delivery
+from runner.tracking import journal, outbox
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def test_outbox_round_trip_delivers_metrics_tags_and_status_then_removes_the_fil
     outbox.save(str(tmp_path), run_id, metrics[:1200], [("phase", "train")], None)
     outbox.save(str(tmp_path), run_id, metrics[1200:], [("stopped_by", "SIGTERM")], "KILLED")
 
-    assert outbox.deliver(client, str(tmp_path)) == 2500
+    assert delivery.deliver_outbox(client, str(tmp_path)) == 2500
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags["phase"] == "train" and run.data.tags["stopped_by"] == "SIGTERM"
@@ -59,7 +60,7 @@ def test_outbox_round_trip_delivers_metrics_tags_and_status_then_removes_the_fil
 def test_an_outbox_of_tags_and_status_only_is_delivered(mlflow, tmp_path):
     client, run_id = mlflow
     outbox.save(str(tmp_path), run_id, [], [("error", "the server went away")], "FAILED")
-    assert outbox.deliver(client, str(tmp_path)) == 0
+    assert delivery.deliver_outbox(client, str(tmp_path)) == 0
     run = client.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["error"] == "the server went away"
 
@@ -69,7 +70,7 @@ def test_records_for_several_runs_go_to_each_run(mlflow, tmp_path):
     second = client.create_run(client.get_run(first).info.experiment_id).info.run_id
     outbox.save(str(tmp_path), first, [("loss", 1.0, 1, 1)], [], "FINISHED")
     outbox.save(str(tmp_path), second, [("loss", 2.0, 1, 1)], [], None)
-    assert outbox.deliver(client, str(tmp_path)) == 2
+    assert delivery.deliver_outbox(client, str(tmp_path)) == 2
     assert [m.value for m in client.get_metric_history(first, "loss")] == [1.0]
     assert [m.value for m in client.get_metric_history(second, "loss")] == [2.0]
     assert client.get_run(first).info.status == "FINISHED" and client.get_run(second).info.status == "RUNNING"
@@ -143,12 +144,12 @@ def test_journal_round_trip_delivers_the_rest_once_and_removes_the_file(mlflow, 
     j.append(rows(range(1, 1501)) + rows(range(1, 1501), key="throughput/examples_per_sec"))
     j.delivered(1000)  # as if the sender had sent the first batch
     j.close(remove=False)
-    sent, last_step = journal.deliver(client, run_id, str(tmp_path))
+    sent, last_step = delivery.deliver_journal(client, run_id, str(tmp_path))
     assert (sent, last_step) == (2000, 1500)
     assert [step for step, _, _ in history(client, run_id, "loss")] == list(range(1001, 1501))
     assert [step for step, _, _ in history(client, run_id, "throughput/examples_per_sec")] == list(range(1, 1501))
     assert not (tmp_path / journal.FILE).exists()
-    assert journal.deliver(client, run_id, str(tmp_path)) == (0, None)  # nothing twice
+    assert delivery.deliver_journal(client, run_id, str(tmp_path)) == (0, None)  # nothing twice
 
 
 def test_sending_a_value_twice_keeps_one_row(mlflow, tmp_path):
@@ -159,5 +160,5 @@ def test_sending_a_value_twice_keeps_one_row(mlflow, tmp_path):
         j = journal.Journal(str(tmp_path))
         j.append(rows([1, 2]))
         j.close(remove=False)
-        journal.deliver(client, run_id, str(tmp_path))
+        delivery.deliver_journal(client, run_id, str(tmp_path))
     assert [step for step, _, _ in history(client, run_id, "loss")] == [1, 2]

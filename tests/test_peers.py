@@ -1,8 +1,8 @@
-"""runner/peers.py: TensorFlow's errors when a peer is lost, as TF 2.21 words them (copied from real runs across
+"""runner/launch/peers.py: TensorFlow's errors when a peer is lost, as TF 2.21 words them (copied from real runs across
 network namespaces, tests/test_netns.py), turned into one message naming the task. No TensorFlow needed."""
 
-from runner import peers
 from runner.errors import ClusterError
+from runner.launch import peers
 
 JOBS = {"worker": ["198.18.0.1:2222", "198.18.0.2:2222"]}
 

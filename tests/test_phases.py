@@ -1,4 +1,4 @@
-"""runner/phases.py: the `phases:` line, where a run's wall time went, phase by phase from process start."""
+"""runner/tracking/phases.py: the `phases:` line, where a run's wall time went, phase by phase from process start."""
 
 import re
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 
 import runner
-from runner import phases
+from runner.tracking import phases
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""runner/probes.py: the writable-directory probe, alone and with other processes probing the same path at once
+"""runner/preflight/probes.py: the writable-directory probe, alone and with other processes probing the same path at once
 (the tasks of a cluster all check their shared checkpoint directory as they start)."""
 
 import multiprocessing
 import os
 
-from runner.probes import writable_dir_problem
+from runner.preflight.probes import writable_dir_problem
 
 
 def _probe(path, answers):

@@ -1,4 +1,4 @@
-"""runner/procs.py: children that die with their parent (PR_SET_PDEATHSIG), process state and identity, and
+"""runner/control/procs.py: children that die with their parent (PR_SET_PDEATHSIG), process state and identity, and
 whether a recorded owner process still runs. With real tiny processes (`python -c`), no TensorFlow."""
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import procs
+from runner.control import procs
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -51,7 +51,7 @@ def _middle(use_procs: bool) -> subprocess.Popen:
     start = "procs.popen" if use_procs else "subprocess.Popen"
     code = (
         "import subprocess, sys, time\n"
-        "from runner import procs\n"
+        "from runner.control import procs\n"
         f"child = {start}([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(120)\n"

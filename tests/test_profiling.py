@@ -1,9 +1,9 @@
-"""train.profile_steps: which calls the trace covers (runner/profiling.py), and end to end, a real TensorFlow
+"""train.profile_steps: which calls the trace covers (runner/executors/profiling.py), and end to end, a real TensorFlow
 profiler trace logged as the run's `profile` artifact for both executors."""
 
 import pytest
 
-from runner.profiling import Profile
+from runner.executors.profiling import Profile
 
 from helpers import FAST
 

@@ -729,7 +729,7 @@ def run_srun(scratch, tokens, slurm):
 def run_submitit(scratch, tokens, slurm):
     """README's submitit sweep on the one-machine Slurm cluster: its one node takes each job's two tasks
     (`nodes=2 tasks_per_node=1` -> `nodes=1 tasks_per_node=2`); ports from a free run, four: the two jobs run at once
-    as a Slurm array, each on its own two ports (runner/sweep.py)."""
+    as a Slurm array, each on its own two ports (runner/sweeps/sweep.py)."""
     from slurm_cluster import free_port_run
 
     swap = {

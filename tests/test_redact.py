@@ -1,11 +1,11 @@
-"""runner/redact.py: credentials in URIs and values of secret-looking environment variables never reach logs,
+"""runner/config/redact.py: credentials in URIs and values of secret-looking environment variables never reach logs,
 MLflow params or tags."""
 
 import os
 
 import pytest
 
-from runner.redact import MASK, is_secret_name, redact, redact_mapping, redact_uri
+from runner.config.redact import MASK, is_secret_name, redact, redact_mapping, redact_uri
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
-from runner import fields, helptext, registry, schema, validate
+from runner.config import fields, helptext, registry, schema, validate
 from runner.errors import ConfigError
 
 schema.register()
@@ -45,7 +45,7 @@ def test_every_option_has_one_yaml_that_only_selects_its_schema(group):
 
 
 def test_the_root_config_restates_no_default():
-    assert set(_yaml(CONF / "config.yaml")) <= {"defaults", "hydra"}, "plain nodes' defaults belong in runner/schema.py"
+    assert set(_yaml(CONF / "config.yaml")) <= {"defaults", "hydra"}, "plain nodes' defaults belong in runner/config/schema.py"
 
 
 def test_the_composed_defaults_are_the_schemas():
@@ -102,7 +102,7 @@ def test_every_choice_field_defaults_to_one_of_its_values():
 
 
 def test_the_help_section_is_generated_from_the_registry():
-    assert not helptext.stale(), "run `python -m runner.helptext` to rewrite conf/hydra/help/runner.yaml"
+    assert not helptext.stale(), "run `python -m runner.config.helptext` to rewrite conf/hydra/help/runner.yaml"
 
 
 def test_the_help_names_every_plain_node():
@@ -183,8 +183,9 @@ def test_validate_runs_the_probes_after_the_pure_checks():
 
 def test_config_only_modules_import_no_tensorflow_or_numpy():
     probe = (
-        "import sys, runner.schema, runner.validate, runner.preflight, runner.helptext, runner.layout\n"
-        "runner.schema.register()\n"
+        "import sys, runner.config.schema, runner.config.validate, runner.config.helptext, runner.config.layout\n"
+        "import runner.preflight.needs\n"
+        "runner.config.schema.register()\n"
         "print(sorted(m for m in ('tensorflow', 'tf_keras', 'numpy', 'mlflow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

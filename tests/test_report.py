@@ -1,12 +1,12 @@
-"""runner/report.py: the sweep's comparison table and plots, from real child runs created with MlflowClient in a
-fresh SQLite store, the way runner/sweep.py nests them under a parent run."""
+"""runner/sweeps/report.py: the sweep's comparison table and plots, from real child runs created with MlflowClient in a
+fresh SQLite store, the way runner/sweeps/sweep.py nests them under a parent run."""
 
 import csv
 import json
 
 import pytest
 
-from runner import report
+from runner.sweeps import report
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ are README's data=tfrecord runs at scale; its figures are in docs/benchmarks.md.
 import numpy as np
 
 from benchmarks.scale import example
-from runner.tfrecord_format import example_features
+from runner.sources.tfrecord_format import example_features
 
 
 def test_the_benchmarks_records_are_tf_train_examples():

@@ -1,4 +1,4 @@
-"""runner/serving.py: under cluster=slurm a server task (ps, parameter-server worker) ends once the chief has ended,
+"""runner/launch/serving.py: under cluster=slurm a server task (ps, parameter-server worker) ends once the chief has ended,
 and gives up on a chief that never comes up. No TensorFlow: the chief is a plain listening socket here."""
 
 import socket
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from runner import serving
+from runner.launch import serving
 
 
 class Exited(Exception):

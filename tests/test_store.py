@@ -1,4 +1,4 @@
-"""runner/store.py: the MLflow store opened safely (fresh, damaged, unknown), the owner tags each run records, and
+"""runner/mlflow_process/store.py: the MLflow store opened safely (fresh, damaged, unknown), the owner tags each run records, and
 runs left RUNNING by processes that are gone. Real SQLite stores, real processes (a sleeping `python -c`) as
 owners, alive or killed."""
 
@@ -9,8 +9,10 @@ import threading
 
 import pytest
 
-from runner import procs, store
+from runner.control import procs
 from runner.errors import ConfigError
+from runner.mlflow_process import store
+from runner.preflight import sqlite_store
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -29,7 +31,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
     ],
 )
 def test_sqlite_path(uri, path):
-    assert store.sqlite_path(uri) == path
+    assert sqlite_store.sqlite_path(uri) == path
 
 
 def test_a_fresh_store_is_created_under_a_lock_and_ready(tmp_path):
@@ -110,8 +112,8 @@ def test_a_store_that_cannot_be_written_is_refused_at_once_naming_it(read_only_d
 
     from hydra import compose, initialize_config_module
 
-    from runner import schema
-    from runner.preflight import tracking_server_reachable
+    from runner.config import schema
+    from runner.preflight.needs import tracking_server_reachable
 
     schema.register()
     path = read_only_dir / "mlflow.db"
@@ -127,7 +129,7 @@ def test_a_store_that_cannot_be_written_is_refused_at_once_naming_it(read_only_d
     with pytest.raises(ConfigError, match=f"^the MLflow store {path} cannot be used: .* Point mlflow.tracking_uri at"):
         tracking_server_reachable(cfg)
     if os.geteuid() != 0:  # a store that exists but whose file is read-only
-        existing = store.sqlite_path(sqlite_uri)
+        existing = sqlite_store.sqlite_path(sqlite_uri)
         os.chmod(existing, 0o444)
         try:
             with pytest.raises(ConfigError, match="the file cannot be written"):

@@ -9,9 +9,9 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from runner import schema
 from runner.builders import strategy_auto
-from runner.validate import check_config
+from runner.config import schema
+from runner.config.validate import check_config
 
 from helpers import ROOT
 
@@ -81,12 +81,12 @@ def test_validate_replaces_auto_by_the_chosen_strategy_with_its_own_keys(gpus, m
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = composed("devices.logical_cpus=2")
     assert cfg.strategy.name == "auto" and "devices" not in cfg.strategy
-    strategy_auto.resolve(cfg)
+    chosen = strategy_auto.resolve(cfg)
     assert cfg.strategy.name == "mirrored" and cfg.strategy.devices is None  # MirroredConfig's defaults
     check_config(cfg)  # every later check sees mirrored
-    assert strategy_auto.tags() == {"strategy.auto": "mirrored: devices.logical_cpus=2 makes that many CPU devices"}
+    assert chosen.tags == {"strategy.auto": "mirrored: devices.logical_cpus=2 makes that many CPU devices"}
     named = composed("strategy=one_device", "devices.logical_cpus=2")
-    assert strategy_auto.resolve(named) is None and named.strategy.name == "one_device" and strategy_auto.tags() == {}
+    assert strategy_auto.resolve(named) is None and named.strategy.name == "one_device"
 
 
 def test_a_chosen_strategys_own_keys_need_it_by_name():

@@ -113,10 +113,126 @@ def test_the_cycle_check_sees_function_level_and_relative_imports(tmp_path):
 
 def test_an_unknown_executor_is_a_config_error_that_names_the_valid_ones():
     import pytest
+    from omegaconf import OmegaConf
 
+    from runner.builders.executor import build_executor
+    from runner.config import registry
     from runner.errors import ConfigError
-    from runner.executors import EXECUTORS, get_executor
 
-    assert EXECUTORS == ("fit", "custom_loop") and all(callable(get_executor(name)) for name in EXECUTORS)
-    with pytest.raises(ConfigError, match=r"executor.name='custom' is not an executor; valid executors: fit, custom_loop"):
-        get_executor("custom")
+    assert list(registry.options("executor")) == ["fit", "custom_loop"]
+    assert all(callable(build_executor(OmegaConf.create({"name": name}))) for name in ("fit", "custom_loop"))
+    with pytest.raises(ConfigError, match=r"executor=custom is unknown; choose one of: fit, custom_loop\."):
+        build_executor(OmegaConf.create({"name": "custom"}))
+
+
+# --- layering: the rules each package's __init__.py states ------------------------------------------------------------
+
+TENSORFLOW = {"tensorflow", "tf_keras", "keras", "tensorflow_datasets"}
+PACKAGES = sorted(p.parent.name for p in RUNNER.glob("*/__init__.py"))
+
+
+def rules(package: str, root: pathlib.Path = RUNNER) -> dict:
+    """The `Imports:`, `TensorFlow:` and `mlflow:` lines of runner/<package>/__init__.py's docstring (a line may go on
+    over the next lines until the next key)."""
+    doc = ast.get_docstring(ast.parse((root / package / "__init__.py").read_text())) or ""
+    found, key = {}, None
+    for line in doc.splitlines():
+        head = line.split(":", 1)[0]
+        if head in ("Imports", "TensorFlow", "mlflow"):
+            key, found[head] = head, line.split(":", 1)[1].strip()
+        elif key and line.strip():
+            found[key] += " " + line.strip()
+        else:
+            key = None
+    return found
+
+
+def _external(path: pathlib.Path) -> list:
+    """(top-level name, at module level?) for every import of a module outside runner."""
+    tree = ast.parse(path.read_text(), str(path))
+    in_function = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function.update(id(n) for n in ast.walk(node) if n is not node)
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        found += [(n.split(".")[0], id(node) not in in_function) for n in names]
+    return found
+
+
+def _allowed(rule: str, top: str, module_level: bool, module: str) -> bool:
+    if rule.startswith("never"):
+        return False
+    if rule.startswith("in functions"):
+        return not module_level
+    if rule.startswith("only in"):
+        return module in rule.split("(")[0].replace(",", " ").split()
+    return rule.startswith("yes")
+
+
+def layering_problems(root: pathlib.Path = RUNNER) -> list:
+    graph, modules, problems = import_graph(root), _modules(root), []
+    for package in sorted(p.parent.name for p in root.glob("*/__init__.py")):
+        stated = rules(package, root)
+        missing = {"Imports", "TensorFlow", "mlflow"} - set(stated)
+        if missing:
+            problems.append(f"runner/{package}/__init__.py states no {', '.join(sorted(missing))}: line")
+            continue
+        allowed = {f"runner.{package}", *[w.strip(",.;") for w in stated["Imports"].split() if w.startswith("runner.")]}
+        for name in sorted(m for m in graph if m.startswith(f"runner.{package}.") or m == f"runner.{package}"):
+            for target in sorted(graph[name]):  # `runner` itself: its __init__ holds only STARTED and the version
+                if target != "runner" and not any(target == a or target.startswith(a + ".") for a in allowed):
+                    problems.append(f"{name} imports {target}, which runner.{package} does not list under Imports:")
+            for top, module_level in _external(modules[name]):
+                for kind, names in (("TensorFlow", TENSORFLOW), ("mlflow", {"mlflow"})):
+                    if top in names and not _allowed(stated[kind], top, module_level, name):
+                        where = "at module level" if module_level else "in a function"
+                        problems.append(f"{name} imports {top} {where}; runner.{package} says {kind}: {stated[kind]}")
+    return problems
+
+
+def test_every_package_keeps_the_rules_its_init_states():
+    problems = layering_problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_training_process_never_imports_mlflow():
+    """Everything a training task and a launcher import, at module level or in a function, is mlflow-free: the MLflow
+    process (started with -m, never imported) does MLflow's work."""
+    graph, modules = import_graph(), _modules()
+    for start in ("runner.experiment", "runner.launch.localhost", "runner.launch.ray_cluster"):
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
+        offenders = sorted(m for m in seen if any(top == "mlflow" for top, _ in _external(modules[m])))
+        assert not offenders, f"{start} reaches modules that import mlflow: {offenders}"
+
+
+def test_the_layering_check_sees_a_broken_rule(tmp_path):
+    package = tmp_path / "runner"
+    for sub in ("low", "high"):
+        (package / sub).mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "low" / "__init__.py").write_text('"""Low.\n\nImports: runner.errors\nTensorFlow: never\nmlflow: never\n"""\n')
+    (package / "high" / "__init__.py").write_text(
+        '"""High.\n\nImports: runner.low\nTensorFlow: in functions\nmlflow: never\n"""\n'
+    )
+    (package / "errors.py").write_text("")
+    (package / "low" / "a.py").write_text("from runner import errors\n")
+    (package / "high" / "b.py").write_text("from runner.low import a\n\ndef f():\n    import tensorflow\n")
+    assert layering_problems(package) == []
+    (package / "low" / "a.py").write_text("from runner.high import b\nimport tf_keras\n")
+    (package / "high" / "b.py").write_text("import tensorflow as tf\n")
+    assert layering_problems(package) == [
+        "runner.high.b imports tensorflow at module level; runner.high says TensorFlow: in functions",
+        "runner.low.a imports runner.high.b, which runner.low does not list under Imports:",
+        "runner.low.a imports tf_keras at module level; runner.low says TensorFlow: never",
+    ]

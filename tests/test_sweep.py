@@ -36,7 +36,7 @@ def sweep(runner, name, args, timeout=600, while_running=None):
     if while_running is None:
         proc = subprocess.run(argv, cwd=runner.root, env=env, capture_output=True, text=True, timeout=timeout)
         return proc, sweep_dir
-    from runner import claims
+    from runner.control import claims
 
     live = subprocess.Popen(argv, cwd=runner.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -284,7 +284,7 @@ def test_each_job_of_a_slurm_sweep_gets_its_own_ports(monkeypatch):
     """The jobs of a submitit sweep run at once and may share a node: job n starts SLURM_NTASKS ports after job
     n-1; a base that would run past 65535 is refused with the key to change."""
     from runner.errors import ConfigError
-    from runner.slurm_sweep import port_base
+    from runner.sweeps.slurm import port_base
 
     monkeypatch.setenv("SLURM_NTASKS", "3")
     assert [port_base(8888, n) for n in range(3)] == [8888, 8891, 8894]

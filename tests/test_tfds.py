@@ -11,10 +11,11 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner import preflight, schema, validate
+from runner.config import schema, validate
 from runner.errors import ConfigError
-from runner.tfds_source import check
-from runner.tfds_splits import split_size
+from runner.preflight import needs
+from runner.sources.tfds_prepared import check
+from runner.sources.tfds_splits import split_size
 
 from helpers import mlflow_run_by_name, write_image_folder
 
@@ -38,7 +39,7 @@ def refused(**data) -> str:
     cfg = composed(**data)
     with pytest.raises(ConfigError) as err:
         validate.check_config(cfg)
-        preflight.option_probes(cfg)
+        needs.option_probes(cfg)
     message = str(err.value)
     assert "\n" not in message
     return message

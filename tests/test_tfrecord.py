@@ -2,7 +2,7 @@
 (fit and the custom loop), bad files stop it before the first step, and sharding is proven by counting records.
 
 The proof of sharding: the exported records carry an `id`; with data.record_ids_dir each training step writes the
-ids its replica consumed (runner/builders/tfrecord.py). Under multi_worker_mirrored (2 worker processes) one epoch
+ids its replica consumed (runner/builders/data/tfrecord.py). Under multi_worker_mirrored (2 worker processes) one epoch
 must consume every record exactly once across the workers, with disjoint sets per worker, under the file policy
 (each worker its own files) and the data policy (each worker its own records). Under parameter_server the
 coordinator decides how many steps each worker runs, so the check is per pass over each worker's shard: the
@@ -68,8 +68,8 @@ def tfrecord(directory):
 def test_export_writes_what_the_pure_reader_reads(files):
     from test_tfrecord_source import data_cfg
 
-    from runner.tfrecord_format import count_records, example_features, first_record
-    from runner.tfrecord_source import load_source
+    from runner.sources.tfrecord import load_source
+    from runner.sources.tfrecord_format import count_records, example_features, first_record
 
     source = load_source(data_cfg(train_files=str(files / "digits" / "train-*"), features=None, label=None, num_classes=None))
     assert source.input_shape == (64,) and source.num_outputs == 10 and source.train_records == 1438

@@ -1,4 +1,4 @@
-"""data=tfrecord before TensorFlow (runner/tfrecord_format.py, runner/tfrecord_source.py): record framing and
+"""data=tfrecord before TensorFlow (runner/sources/tfrecord_format.py, runner/sources/tfrecord.py): record framing and
 counting, the Example reader, and every bad input the pre-flight probe refuses, naming the key and the file. Files are
 written here in plain Python (a small Example encoder below); tests/test_tfrecord.py checks the same readers against
 files TensorFlow wrote."""
@@ -10,11 +10,11 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner import schema
+from runner.config import schema
+from runner.config.validate import validate
 from runner.errors import ConfigError
-from runner.tfrecord_format import count_records, crc32c, example_features, first_record, write_records
-from runner.tfrecord_source import SPEC_FILE, load_source
-from runner.validate import validate
+from runner.sources.tfrecord import SPEC_FILE, load_source
+from runner.sources.tfrecord_format import count_records, crc32c, example_features, first_record, write_records
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from runner import phases
 from runner.executors import base
+from runner.tracking import phases
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""runner/watchdog.py: the sentinel that stops a training process TensorFlow holds in C++.
+"""runner/control/watchdog.py: the sentinel that stops a training process TensorFlow holds in C++.
 
 Its state machine (Sentinel: command / signalled / timeout / due) in process; its main loop as the real small
 process it is, watching a real sleeping process, fed JSON lines on stdin and signal numbers on a pipe as CPython's
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from runner import watchdog
-from runner.watchdog import Sentinel
+from runner.control import watchdog
+from runner.control.watchdog import Sentinel
 
 SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 
@@ -131,7 +131,7 @@ class Watched:
     def __init__(self, grace=0.2):
         self.victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         self.read_fd, self.write_fd = os.pipe()
-        code = f"import sys; from runner import watchdog; watchdog.GRACE_SEC = {grace}; watchdog.main(sys.argv[1:])"
+        code = f"import sys; from runner.control import watchdog; watchdog.GRACE_SEC = {grace}; watchdog.main(sys.argv[1:])"
         self.sentinel = subprocess.Popen(
             [sys.executable, "-c", code, str(self.victim.pid), str(self.read_fd)],
             stdin=subprocess.PIPE,

@@ -1,9 +1,9 @@
 """cluster -> a cluster resolver and this process's task in it. Each option registers its schema, capabilities and
-builder here (runner/registry.py); its YAML is conf/cluster/<name>.yaml.
+builder here (runner/config/registry.py); its YAML is conf/cluster/<name>.yaml.
 
 `local`: one process. `tf_config`: TFConfigClusterResolver (Kubernetes and other schedulers set TF_CONFIG).
 `slurm`: SlurmClusterResolver. `tpu`: TPUClusterResolver, connected and initialised here, at program start.
-(`localhost` and `ray` are never built in a task: runner/launcher.py and runner/ray_launcher.py start tf_config
+(`localhost` and `ray` are never built in a task: runner/launch/localhost.py and runner/launch/ray_cluster.py start tf_config
 tasks instead.)
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from runner import layout
+from runner.config import layout
+from runner.config.fields import ranged
+from runner.config.registry import describe, get, option, options, register
 from runner.errors import ConfigError
-from runner.fields import ranged
-from runner.probes import connect_problem
-from runner.registry import describe, get, option, options, register
+from runner.preflight.probes import connect_problem
 
 describe("cluster", "where the tasks run")
 
@@ -95,7 +95,7 @@ class Cluster:
 
     @property
     def is_chief(self) -> bool:
-        """The task that logs and saves (runner/layout.py)."""
+        """The task that logs and saves (runner/config/layout.py)."""
         return layout.is_chief(self.task_type, self.task_id, self.jobs)
 
 
@@ -119,7 +119,7 @@ register(
     help="tasks started here on 127.0.0.1",
     processes=True,
     check=_localhost_shape,
-    launcher="runner.launcher",
+    launcher="runner.launch.localhost",
 )
 
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -152,7 +152,7 @@ register(
     processes=True,
     check=_ray_shape,
     probe=_ray_head_answers,
-    launcher="runner.ray_launcher",
+    launcher="runner.launch.ray_cluster",
 )
 
 
@@ -162,7 +162,7 @@ register(
 def _tf_config(cfg) -> Cluster:
     import tensorflow as tf
 
-    # TF_CONFIG was checked (JSON, task, index, free port) by runner/preflight.py before TensorFlow was imported.
+    # TF_CONFIG was checked (JSON, task, index, free port) by runner/preflight/needs.py before TensorFlow was imported.
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from omegaconf import MISSING
 
 from runner.builders.devices import Devices
+from runner.config.fields import ranged
+from runner.config.registry import describe, get, option
 from runner.errors import ConfigError
-from runner.fields import ranged
-from runner.registry import describe, get, option
 
 describe("cross_device_ops", "the all-reduce")
 

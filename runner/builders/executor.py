@@ -1,14 +1,14 @@
-"""executor -> the function that trains and evaluates a Job. Each option registers its schema and capabilities here
-(runner/registry.py); its YAML is conf/executor/<name>.yaml. The training loops themselves are runner/executors/,
-whose get_executor() the builders return."""
+"""executor -> the function that trains and evaluates a Job (`runner.executors`: `run_fit`, `run_custom_loop`,
+`run_ps_loop`). Each option registers its schema and capabilities here, once; its YAML is conf/executor/<name>.yaml.
+A new executor is a module in runner.executors with a `run_<name>(job) -> Result`, an option here and a YAML."""
 
 from dataclasses import dataclass
 from enum import StrEnum
 
 from omegaconf import MISSING
 
-from runner.fields import choice
-from runner.registry import describe, get, option
+from runner.config.fields import choice
+from runner.config.registry import describe, get, option
 
 describe("executor", "the training loop")
 
@@ -28,20 +28,28 @@ class ExecutorConfig:
 
 @option("executor", "fit", schema=ExecutorConfig, help="Model.fit + evaluate")
 def _fit(cfg):
-    from runner.executors import get_executor
+    from runner.executors.fit import run_fit
 
-    return get_executor("fit")
+    return run_fit
 
 
 @option(
     "executor", "custom_loop", schema=ExecutorConfig, help="GradientTape + strategy.run + compute_average_loss + strategy.reduce"
 )
 def _custom_loop(cfg):
-    from runner.executors import get_executor
+    return _custom_loop_run
 
-    return get_executor("custom_loop")  # under parameter_server, the coordinator's loop
+
+def _custom_loop_run(job):
+    if job.parameter_server:  # the coordinator's loop schedules the steps on the workers
+        from runner.executors.ps_loop import run_ps_loop
+
+        return run_ps_loop(job)
+    from runner.executors.custom_loop import run_custom_loop
+
+    return run_custom_loop(job)
 
 
 def build_executor(cfg):
-    """The executor function for `executor=<name>`; an unknown name is a ConfigError listing the valid ones."""
+    """The function that runs `executor=<name>` on a Job; an unknown name is a ConfigError listing the valid ones."""
     return get("executor", cfg.name).build(cfg)

@@ -14,7 +14,7 @@ from runner.errors import ConfigError
 
 
 class Loss(StrEnum):
-    """train.loss (the schema's field is typed by it: runner/schema.py)."""
+    """train.loss (the schema's field is typed by it: runner/config/schema.py)."""
 
     auto = "auto"  # from the data's task: sparse_categorical_crossentropy or mse
     mse = "mse"
@@ -23,7 +23,7 @@ class Loss(StrEnum):
 
 
 class Optimizer(StrEnum):
-    """train.optimizer.name (typed by it in runner/schema.py); built by _optimizer below."""
+    """train.optimizer.name (typed by it in runner/config/schema.py); built by _optimizer below."""
 
     sgd = "sgd"
     adam = "adam"
@@ -72,8 +72,7 @@ def check_activation_memory(model, cfg, global_batch_size):
     replicas only: a GPU's memory is its own."""
     import tensorflow as tf
 
-    from runner import data_checks
-    from runner.preflight import gib
+    from runner.sources import checks
 
     strategy = tf.distribute.get_strategy()
     if global_batch_size is None or isinstance(
@@ -87,7 +86,7 @@ def check_activation_memory(model, cfg, global_batch_size):
     if any("GPU" in d.upper() for d in devices):
         return
     per_example, layers = activation_bytes(model)
-    available = data_checks.available_memory()
+    available = checks.available_memory()
     replicas = strategy.num_replicas_in_sync
     here = math.ceil(global_batch_size * len(devices) / max(1, replicas))  # this process's share of the batch
     need = here * per_example
@@ -108,10 +107,10 @@ def check_activation_memory(model, cfg, global_batch_size):
     instead += f", or a train.global_batch_size well below {fits}" if fits > 1 else ""
     raise ConfigError(
         f"{what}{f' with model.resize_to={list(resize_to)}' if resize_to is not None else ''} would need at least "
-        f"{gib(need)} of memory for one training step: the outputs of its {layers} layers take {gib(per_example)} per "
-        f"example, x {here} example(s) of train.global_batch_size={global_batch_size} in this process, before any "
-        f"gradient; this machine has {gib(available)} available, and TensorFlow would stop at the first step with "
-        f"ResourceExhaustedError. Nothing was trained. {instead}."
+        f"{checks.gib(need)} of memory for one training step: the outputs of its {layers} layers take "
+        f"{checks.gib(per_example)} per example, x {here} example(s) of train.global_batch_size={global_batch_size} in "
+        f"this process, before any gradient; this machine has {checks.gib(available)} available, and TensorFlow would "
+        f"stop at the first step with ResourceExhaustedError. Nothing was trained. {instead}."
     )
 
 

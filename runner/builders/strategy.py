@@ -1,5 +1,5 @@
 """strategy -> a real tf.distribute.Strategy. Each option: its schema (fields mirror the constructor's arguments),
-its capabilities and its builder, registered together (runner/registry.py); its YAML is conf/strategy/<name>.yaml."""
+its capabilities and its builder, registered together (runner/config/registry.py); its YAML is conf/strategy/<name>.yaml."""
 
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -9,9 +9,9 @@ from omegaconf import MISSING
 from runner.builders.cluster import Cluster
 from runner.builders.cross_device_ops import build_communication_options, build_cross_device_ops
 from runner.builders.devices import Devices, check_devices_exist
+from runner.config.fields import choice, ranged
+from runner.config.registry import describe, get, option, options
 from runner.errors import ConfigError
-from runner.fields import choice, ranged
-from runner.registry import describe, get, option, options
 
 describe("strategy", "the tf.distribute strategy")
 

@@ -11,10 +11,10 @@ Rules, first match wins:
 5. else default.
 
 `validate` replaces the `auto` node by the chosen strategy's (with that strategy's defaults), so everything after
-it, cluster tasks included, sees a concrete strategy; `--cfg job` shows `auto` because it stops before. The choice
-and its reason are logged in one line (once the config passed its checks) and tagged on the MLflow run
-(`strategy.auto`). At start, TensorFlow's own count of GPUs is compared with the one the choice was made from, and a
-difference is logged.
+it, cluster tasks included, sees a concrete strategy; `--cfg job` shows `auto` because it stops before. `validate`
+returns the `Choice`, and the entry point carries it along: its line is logged (once the config passed its checks),
+its `tags` go on the MLflow run (`strategy.auto`), and at start `Choice.check_gpus` compares TensorFlow's own count
+of GPUs with the one the choice was made from.
 """
 
 import json
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from runner import registry
 from runner.builders.strategy import StrategyConfig
+from runner.config import registry
 
 log = logging.getLogger("runner")
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one entry per GPU the driver knows
@@ -46,8 +46,20 @@ class Choice:
     def line(self) -> str:
         return f"strategy=auto chose {self.name}: {self.reason}"
 
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"strategy.auto": f"{self.name}: {self.reason}"}
 
-CHOSEN: Choice | None = None  # this process's choice, made by resolve()
+    def check_gpus(self, gpus_seen: int) -> None:
+        """TensorFlow's GPU count against the one the choice was made from (a driver listing can differ from CUDA's)."""
+        if self.name in ("default", "one_device", "mirrored") and gpus_seen != self.gpus:
+            log.warning(
+                "strategy=auto counted %d GPU(s) before start, TensorFlow sees %d: it still runs %s. Name the strategy "
+                "(strategy=mirrored, one_device or default) to choose yourself.",
+                self.gpus,
+                gpus_seen,
+                self.name,
+            )
 
 
 def count_gpus(cfg, environ=os.environ) -> int:
@@ -109,36 +121,11 @@ def choose(cfg, environ=os.environ) -> Choice:
 
 def resolve(cfg, environ=os.environ) -> Choice | None:
     """Replace strategy=auto in `cfg` by the chosen strategy; the choice, or None when the config names one."""
-    global CHOSEN
-    CHOSEN = None
     if cfg.strategy.name != "auto":
         return None
-    CHOSEN = choose(cfg, environ)
-    cfg.strategy = OmegaConf.structured(registry.get("strategy", CHOSEN.name).node())
-    return CHOSEN
-
-
-def announce() -> None:
-    """The choice's log line, once the config has passed every check (a refused config logs nothing: a mistyped
-    resume= must leave the directory's runner.log empty, so that it can be removed again)."""
-    if CHOSEN:
-        log.info(CHOSEN.line)
-
-
-def tags() -> dict[str, str]:
-    return {"strategy.auto": f"{CHOSEN.name}: {CHOSEN.reason}"} if CHOSEN else {}
-
-
-def check_at_start(gpus_seen: int) -> None:
-    """TensorFlow's GPU count against the one the choice was made from (a driver listing can differ from CUDA's)."""
-    if CHOSEN and CHOSEN.name in ("default", "one_device", "mirrored") and gpus_seen != CHOSEN.gpus:
-        log.warning(
-            "strategy=auto counted %d GPU(s) before start, TensorFlow sees %d: it still runs %s. Name the strategy "
-            "(strategy=mirrored, one_device or default) to choose yourself.",
-            CHOSEN.gpus,
-            gpus_seen,
-            CHOSEN.name,
-        )
+    chosen = choose(cfg, environ)
+    cfg.strategy = OmegaConf.structured(registry.get("strategy", chosen.name).node())
+    return chosen
 
 
 registry.register(

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runner import STARTED, phases, teardown, tf_private
+from runner import STARTED, tf_private
+from runner.control import teardown
 from runner.errors import TrainingError
-from runner.profiling import Profile
+from runner.executors.profiling import Profile
+from runner.tracking import phases
 
 log = logging.getLogger("runner")
 
@@ -26,12 +28,12 @@ class Job:
     model: Any  # built inside strategy.scope()
     optimizer: Any  # built inside strategy.scope()
     loss: str  # mse | binary_crossentropy | sparse_categorical_crossentropy
-    data: Any  # runner.builders.data.Data
+    data: Any  # runner.builders.data.pipeline.Data
     train: Any  # the train config node
     executor: Any  # the executor config node
     reporter: Reporter
     cluster: Any = None  # runner.builders.cluster.Cluster
-    checkpoints: Any = None  # runner.checkpoints.Checkpoints, or None when checkpointing is off
+    checkpoints: Any = None  # runner.executors.checkpoints.Checkpoints, or None when checkpointing is off
     checkpoint_every: int | None = None  # steps; None: each epoch end
     profile: Profile = field(default_factory=lambda: Profile(None, None))  # train.profile_steps' trace (none: off)
 
@@ -80,7 +82,7 @@ def concrete_per_iterator(fn):
     function, spends matching the arguments to the signature and flattening the iterator into its resource
     handles: a large share of a short step, more so for a distributed iterator (docs/benchmarks.md). The
     iterator's handles are the same for its whole life, so they are flattened once (tf_private.flat_caller).
-    The iterator is kept until the process ends (runner/teardown.py: destroying it can block for seconds).
+    The iterator is kept until the process ends (runner/control/teardown.py: destroying it can block for seconds).
     """
     bound = {}
 

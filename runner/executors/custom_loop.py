@@ -7,7 +7,7 @@ loop_fns do. Epochs, logging, checkpoints and stop requests are runner/executors
 parameter_server the coordinator's inner loop is runner/executors/ps_loop.py.
 """
 
-from runner import teardown
+from runner.control import teardown
 from runner.executors import loop
 from runner.executors.base import Job, Result, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator

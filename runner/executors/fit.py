@@ -4,7 +4,8 @@ import time
 
 import numpy as np
 
-from runner import phases, tf_private
+from runner import tf_private
+from runner.control.stopping import StopGuard
 from runner.executors.base import (
     Job,
     Result,
@@ -19,7 +20,7 @@ from runner.executors.base import (
 )
 from runner.executors.evaluation import evaluate_on_coordinator
 from runner.executors.replica_losses import ShardLosses
-from runner.stopping import StopGuard
+from runner.tracking import phases
 
 
 def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int, replicas: int, shard_losses, strip_ids):

@@ -9,8 +9,9 @@ parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has it
 
 import time
 
-from runner import phases, stopping
+from runner.control import stopping
 from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line
+from runner.tracking import phases
 
 
 class Trainer:

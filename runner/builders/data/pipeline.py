@@ -1,0 +1,170 @@
+"""data -> tf.data pipelines of global batches, split across replicas as the guide describes, from the arrays of
+whichever source is selected (runner/builders/data/sources.py registers the sources).
+
+`data.input` picks the guide's input path:
+- tf_data: a Dataset of global batches; Model.fit splits it, the custom loop uses experimental_distribute_dataset.
+- numpy: the arrays themselves go to Model.fit; the custom loop wraps them in a Dataset first.
+- from_function: a dataset_fn(input_context) of per-replica batches, sharded per input pipeline
+  (DatasetCreator for fit, distribute_datasets_from_function for the custom loop).
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runner.config import registry
+from runner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from runner.sources.in_memory import ArrayData  # NumPy: imported when loading, not by config-only commands
+
+log = logging.getLogger("runner")
+
+
+def finish(ds, prefetch: bool, auto_shard: str):
+    """The end of every source's pipeline: prefetch, and tf.distribute's auto-shard rewrite as AutoShardPolicy
+    `auto_shard` (DATA, FILE, or OFF where the pipeline shards itself)."""
+    import tensorflow as tf
+
+    if prefetch:
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, auto_shard)
+    return ds.with_options(options)
+
+
+def worker_shard(workers: int):
+    """(num_shards, index) of this parameter-server worker, from inside its dataset_fn: TensorFlow gives each worker
+    the whole dataset otherwise (one input pipeline each)."""
+    import tensorflow as tf
+
+    return workers, tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+
+
+@dataclass
+class Data:
+    arrays: "ArrayData"
+    input: str
+    global_batch_size: int
+    steps_per_epoch: int
+    shuffle: bool
+    shuffle_buffer: int
+    cache: bool
+    prefetch: bool
+    seed: int
+
+    def _pipeline(self, x, y, batch_size, train: bool):
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        if self.cache:
+            ds = ds.cache()
+        if train:
+            if self.shuffle:
+                ds = ds.shuffle(min(self.shuffle_buffer, len(x)), seed=self.seed, reshuffle_each_iteration=True)
+            # Repeat, and keep every step's batch full: equal shards on every replica every step.
+            ds = ds.repeat().batch(batch_size, drop_remainder=True)
+        else:
+            ds = ds.batch(batch_size)
+        # Workers shard by element, not by file: the data are in memory.
+        return finish(ds, self.prefetch, "DATA")
+
+    def train_dataset(self):
+        """Global batches, repeated: for Model.fit with steps_per_epoch."""
+        return self._pipeline(self.arrays.x_train, self.arrays.y_train, self.global_batch_size, train=True)
+
+    def eval_dataset(self):
+        return self._pipeline(self.arrays.x_eval, self.arrays.y_eval, self.global_batch_size, train=False)
+
+    def dataset_fn(self, input_context):
+        """Per-replica batches of this input pipeline's shard (distribute_datasets_from_function)."""
+        batch = input_context.get_per_replica_batch_size(self.global_batch_size)
+        n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+        return self._pipeline(self.arrays.x_train[i::n], self.arrays.y_train[i::n], batch, train=True)
+
+    def strip_ids(self, batch):
+        """A training batch as (x, y), called at the top of each training step: record ids ride along only with
+        data=tfrecord's data.record_ids_dir (runner/builders/data/tfrecord.py)."""
+        return batch
+
+    def fit_input(self, dataset_creator: bool = False):
+        """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator (always, for parameter_server)."""
+        if self.input == "numpy" and not dataset_creator:
+            return self.arrays.x_train, self.arrays.y_train
+        if self.input == "from_function" or dataset_creator:
+            import tf_keras
+
+            return tf_keras.utils.experimental.DatasetCreator(self.dataset_fn)
+        return self.train_dataset()
+
+    def distributed_train(self, strategy):
+        if self.input == "from_function":
+            return strategy.distribute_datasets_from_function(self.dataset_fn)
+        return strategy.experimental_distribute_dataset(self.train_dataset())
+
+    def distributed_eval(self, strategy):
+        return strategy.experimental_distribute_dataset(self.eval_dataset())
+
+
+def epoch_steps(records: int, train_cfg, what: str) -> int:
+    """train.steps_per_epoch, else a streamed source's training records // the global batch."""
+    gbs = train_cfg.global_batch_size
+    if train_cfg.steps_per_epoch is not None:
+        return train_cfg.steps_per_epoch
+    if records < gbs:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is larger than the {records} training examples of {what}; "
+            "lower the batch or set train.steps_per_epoch (the data repeat)."
+        )
+    return records // gbs
+
+
+def build_data(cfg, arrays, train_cfg, num_replicas: int, cluster=None, parameter_server: bool = False) -> Data:
+    """`cluster` and `parameter_server` say how a streamed source (data=tfrecord) shards its files over workers."""
+    from runner.sources.checks import check_batch_memory
+
+    gbs = train_cfg.global_batch_size
+    if gbs < num_replicas:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is smaller than the {num_replicas} replicas of this strategy: every replica "
+            f"needs at least one example per step. Use train.global_batch_size>={num_replicas} "
+            f"(a multiple of {num_replicas} splits evenly)."
+        )
+    if cfg.input == "from_function" and gbs % num_replicas:
+        raise ConfigError(
+            f"data.input=from_function needs train.global_batch_size divisible by the {num_replicas} replicas; "
+            f"{gbs} is not. Use {gbs - gbs % num_replicas or num_replicas} or {gbs + num_replicas - gbs % num_replicas}."
+        )
+    if gbs % num_replicas:
+        # Allowed, as in the guide (batches of 10 over 4 replicas): tf.distribute splits each batch as evenly as it
+        # can, and the loss is averaged over the global batch, so the gradient is the same as on one device.
+        shards = [gbs // num_replicas + (1 if i < gbs % num_replicas else 0) for i in range(num_replicas)]
+        log.info(
+            "train.global_batch_size=%d does not split evenly over %d replicas: they get %s examples per step "
+            "(the gradient is still that of the whole batch)",
+            gbs,
+            num_replicas,
+            "/".join(map(str, shards)),
+        )
+    pipeline = registry.get("data", cfg.name).caps.pipeline
+    if pipeline is not None:  # data=tfrecord: files, streamed (runner/builders/data/tfrecord.py)
+        return pipeline(cfg, arrays, train_cfg, num_replicas, cluster, parameter_server)
+    n = len(arrays.x_train)
+    if train_cfg.steps_per_epoch is None and n < gbs:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is larger than the {n} training examples of data={cfg.name}; "
+            "lower the batch or set train.steps_per_epoch (the data repeat)."
+        )
+    # The data repeat, so with train.steps_per_epoch a batch may exceed the data: refuse one that cannot fit in memory.
+    check_batch_memory(gbs, arrays.x_train[0].nbytes + arrays.y_train[0].nbytes, f"data={cfg.name}")
+    return Data(
+        arrays=arrays,
+        input=cfg.input,
+        global_batch_size=gbs,
+        steps_per_epoch=train_cfg.steps_per_epoch or n // gbs,
+        shuffle=cfg.shuffle,
+        shuffle_buffer=cfg.shuffle_buffer,
+        cache=cfg.cache,
+        prefetch=cfg.prefetch,
+        seed=train_cfg.seed,
+    )

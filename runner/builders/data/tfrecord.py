@@ -1,0 +1,219 @@
+"""data=tfrecord -> tf.data pipelines that stream TFRecord files, sharded per worker as data.shard_policy says.
+
+The pipeline: file names -> interleave(TFRecordDataset) over data.num_parallel_reads files at once (deterministic
+order) -> shuffle -> repeat -> batch -> tf.io.parse_example on the whole batch -> prefetch. Nothing is read before
+the first step and no more than a few batches are held at once (data.cache=true would keep them all).
+
+Sharding, by input path:
+- tf_data (experimental_distribute_dataset): TensorFlow's auto-shard rewrite, with data.shard_policy as the
+  dataset's AutoShardPolicy (file: FILE, data: DATA, off: OFF). auto is FILE when every worker gets a file and
+  DATA otherwise, decided here from the file count (not by TensorFlow's AUTO) so that the log can say which.
+- from_function (distribute_datasets_from_function) and parameter_server: no rewrite runs there, so the
+  dataset_fn shards itself with the same policy: the file names (file) or the records (data) by input pipeline,
+  or under parameter_server by the worker index (experimental_get_current_worker_index: TensorFlow gives each
+  parameter-server worker the whole dataset otherwise).
+
+data.record_ids_dir (debug, off by default): the records' `id` feature rides along with each batch as
+(worker, id) pairs, and the training step writes them (strip_ids) to <record_ids_dir>/<task>.txt: which records
+each replica of each worker consumed ("ids <replica> [<worker> <id> <worker> <id> ...]" per step). Off, the
+batch is (x, y) and strip_ids is nothing at trace time.
+"""
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from runner.builders.data.pipeline import Data, finish, worker_shard
+from runner.errors import ConfigError
+from runner.sources.tfrecord import ID_FEATURE, remote
+
+POLICIES = {"file": "FILE", "data": "DATA", "off": "OFF"}
+log = logging.getLogger("runner")
+
+
+@dataclass
+class TFRecordData(Data):
+    source: Any  # runner.sources.tfrecord.TFRecordSource
+    shard_policy: str  # auto | file | data | off
+    num_parallel_reads: int
+    workers: int  # training processes: the input is sharded over them
+    parameter_server: bool
+    worker: int  # this task's worker index (the id log); under parameter_server the dataset_fn asks TensorFlow
+    ids_file: str | None  # data.record_ids_dir/<task>.txt
+
+    def _files(self, files: list[str]) -> list[str]:
+        import tensorflow as tf
+
+        out = []
+        for f in files:
+            matched = sorted(tf.io.gfile.glob(f)) if remote(f) else [f]
+            if not matched:
+                raise ConfigError(f"data.train_files / data.eval_files: {f!r} matches no file.")
+            out += matched
+        return out
+
+    def policy(self, num_files: int, train: bool = True) -> str:
+        """data.shard_policy with auto resolved: file when every worker gets a file, else data. The eval files
+        fall back to data too when they are fewer than the workers (the training files are checked at build)."""
+        if self.shard_policy == "auto" or (self.shard_policy == "file" and not train):
+            return "file" if num_files >= self.workers else "data"
+        return self.shard_policy
+
+    def _parse(self, with_ids: bool, worker):
+        import tensorflow as tf
+
+        source = self.source
+        dtypes = {"float32": tf.float32, "int64": tf.int64}
+        spec = {name: tf.io.FixedLenFeature(shape, dtypes[dtype]) for name, (dtype, shape) in source.features.items()}
+        if with_ids:
+            spec[ID_FEATURE] = tf.io.FixedLenFeature([], tf.int64)
+
+        def parse(serialized):
+            parsed = tf.io.parse_example(serialized, spec)
+            n = tf.shape(serialized)[0]
+            inputs = [tf.cast(parsed[name], tf.float32) for name in source.inputs]
+            if len(inputs) == 1 and source.features[source.inputs[0]][1]:
+                x = inputs[0]  # one feature keeps its shape (an image stays an image)
+            else:
+                x = tf.concat([tf.reshape(t, [n, -1]) for t in inputs], axis=1)
+            y = parsed[source.label]
+            if source.task == "classification":
+                y = tf.reshape(tf.cast(y, tf.int32), [n])
+            else:
+                y = tf.reshape(tf.cast(y, tf.float32), [n, math.prod(source.features[source.label][1])])
+            if not with_ids:
+                return x, y
+            ids = parsed[ID_FEATURE]
+            return x, y, tf.stack([tf.fill(tf.shape(ids), tf.cast(worker, tf.int64)), ids], axis=1)
+
+        return parse
+
+    def _pipeline(self, files, batch_size, train: bool, shard=None):
+        """`shard`: (num_shards, index) to shard here (from_function, parameter_server); None leaves it to
+        tf.distribute's auto-shard rewrite, told the policy through the dataset's options."""
+        import tensorflow as tf
+
+        files = self._files(files)
+        policy = self.policy(len(files), train)
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        if shard is not None and policy == "file":
+            ds = ds.shard(*shard)
+        if train and self.shuffle:
+            ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(self.num_parallel_reads, len(files)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        if shard is not None and policy == "data":
+            ds = ds.shard(*shard)
+        if self.cache:
+            ds = ds.cache()
+        with_ids = train and self.ids_file is not None
+        if train:
+            if self.shuffle:
+                ds = ds.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
+            ds = ds.repeat().batch(batch_size, drop_remainder=True)
+        else:
+            ds = ds.batch(batch_size)
+        worker = shard[1] if shard is not None and self.parameter_server else self.worker
+        ds = ds.map(self._parse(with_ids, worker), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return finish(ds, self.prefetch, "OFF" if shard is not None else POLICIES[policy])
+
+    def train_dataset(self):
+        return self._pipeline(self.source.train_files, self.global_batch_size, train=True)
+
+    def eval_dataset(self):
+        return self._pipeline(self.source.eval_files, self.global_batch_size, train=False)
+
+    def dataset_fn(self, input_context):
+        batch = input_context.get_per_replica_batch_size(self.global_batch_size)
+        if self.parameter_server:
+            shard = worker_shard(self.workers)
+        else:
+            shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return self._pipeline(self.source.train_files, batch, train=True, shard=shard)
+
+    def strip_ids(self, batch):
+        """A training batch as (x, y). With data.record_ids_dir, first write its (worker, id) pairs, after the
+        replica's id, to this task's file: the records this replica consumed in this step."""
+        if self.ids_file is None:
+            return batch
+        import tensorflow as tf
+
+        x, y, ids = batch
+        # parameter_server has one replica per worker; asking its replica context for the id inside the custom loop's
+        # tf.range loop crashed the coordinator (SIGSEGV after a few steps, TensorFlow 2.21)
+        replica = 0 if self.parameter_server else tf.distribute.get_replica_context().replica_id_in_sync_group
+        tf.print("ids", replica, tf.reshape(ids, [-1]), summarize=-1, output_stream=f"file://{self.ids_file}")
+        return x, y
+
+
+def _worker_index(cluster) -> int:
+    """This task's place among the training processes (the chief, if any, first: MultiWorkerMirroredStrategy's order)."""
+    if cluster is None or cluster.task_type not in ("chief", "worker"):
+        return 0
+    return cluster.task_id + (1 if cluster.task_type == "worker" and "chief" in cluster.jobs else 0)
+
+
+def build_tfrecord_data(cfg, source, train_cfg, num_replicas: int, cluster=None, parameter_server=False) -> TFRecordData:
+    gbs = train_cfg.global_batch_size
+    workers = cluster.num_workers if cluster is not None else 1
+    steps = train_cfg.steps_per_epoch
+    if steps is None:
+        if source.train_records is None:
+            raise ConfigError(
+                "data.train_files are remote and no spec file counts their records: set train.steps_per_epoch "
+                "(or write them with python -m runner.export, which records the counts in tfrecord.json)."
+            )
+        if source.train_records < gbs:
+            raise ConfigError(
+                f"train.global_batch_size={gbs} is larger than the {source.train_records} records of data.train_files; "
+                "lower the batch or set train.steps_per_epoch (the data repeat)."
+            )
+        steps = source.train_records // gbs
+    files = source.train_files
+    if cfg.shard_policy == "file" and workers > 1 and not any(map(remote, files)) and len(files) < workers:
+        raise ConfigError(
+            f"data.shard_policy=file gives each of the {workers} workers its own files, but data.train_files matches "
+            f"{len(files)}; write more shards (python -m runner.export ... --shards {workers}) or use data.shard_policy=data."
+        )
+    if workers > 1:
+        log.info(
+            "data=tfrecord: %d training file(s) sharded over %d workers by %s (data.shard_policy=%s)",
+            len(files),
+            workers,
+            "file" if cfg.shard_policy == "auto" and len(files) >= workers else cfg.shard_policy.replace("auto", "data"),
+            cfg.shard_policy,
+        )
+    ids_file = None
+    if cfg.record_ids_dir is not None:
+        os.makedirs(cfg.record_ids_dir, exist_ok=True)
+        task = cluster.task.replace(":", "-") if cluster is not None else "local"
+        ids_file = os.path.abspath(os.path.join(cfg.record_ids_dir, f"{task}.txt"))
+    data = TFRecordData(
+        arrays=None,
+        input=cfg.input,
+        global_batch_size=gbs,
+        steps_per_epoch=steps,
+        shuffle=cfg.shuffle,
+        shuffle_buffer=cfg.shuffle_buffer,
+        cache=cfg.cache,
+        prefetch=cfg.prefetch,
+        seed=train_cfg.seed,
+        source=source,
+        shard_policy=cfg.shard_policy,
+        num_parallel_reads=cfg.num_parallel_reads,
+        workers=workers,
+        parameter_server=parameter_server,
+        worker=_worker_index(cluster),
+        ids_file=ids_file,
+    )
+    if cfg.verify:
+        from runner.builders.data.tfrecord_verify import verify
+
+        verify(data)
+    return data

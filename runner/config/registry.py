@@ -1,0 +1,123 @@
+"""One registry per config group: each option declares its schema, builder and capabilities in one place.
+
+An option is declared once, in its group's module (GROUPS below), with `@option(group, name, ...)` on its builder.
+Hydra's ConfigStore (runner/config/schema.py), the pure checks (runner/config/validate.py), the pre-flight probes
+(runner/preflight/needs.py) and the --help text (runner/config/helptext.py) all read it from here. Adding a strategy, cluster,
+data source or executor is one schema dataclass and one decorated builder in that module, plus one YAML file,
+conf/<group>/<name>.yaml, that selects `/schema/<group>/<name>`.
+
+No TensorFlow here, and none at the top of the group modules: config-only commands load all of them.
+"""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from runner.errors import ConfigError
+
+# group -> (the module that registers its options, the capabilities an option may declare: their defaults)
+GROUPS: dict[str, tuple] = {
+    "strategy": (
+        "runner.builders.strategy_auto",  # strategy=auto; it imports runner.builders.strategy, which registers the rest
+        {
+            "cross_device_ops": ("auto",),  # the cross_device_ops options it takes
+            "multi_process": False,  # may run as one task of a cluster of processes (a cluster with `processes`)
+            "inputs": None,  # the data.input paths it supports (None: all of them)
+            # fn(cfg, ops_cfg) -> [(key, device name)] the config names, checked to exist before the strategy is built (a
+            # missing one hangs at the first step). Only single-process strategies: listing devices initialises TensorFlow.
+            "devices": None,
+        },
+    ),
+    "cross_device_ops": ("runner.builders.cross_device_ops", {}),
+    "cluster": (
+        "runner.builders.cluster",
+        {
+            "processes": False,  # its tasks are separate processes: only `multi_process` strategies fit
+            "reads_tf_config": False,  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
+            # the module whose launch(cfg, chosen) starts the tasks from this process and supervises them (localhost, ray);
+            # None: this process is one task of the cluster
+            "launcher": None,
+        },
+    ),
+    "data": (
+        "runner.builders.data.sources",
+        {
+            "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
+            "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
+            # fn(data cfg, loaded source, train cfg, replicas, cluster, parameter_server) -> a `pipeline.Data`
+            # for a source that streams from files and builds its own tf.data pipeline (data=tfrecord); None: arrays
+            "pipeline": None,
+        },
+    ),
+    "executor": ("runner.builders.executor", {}),
+}
+# Every option may also declare: `check`, a pure cross-field check of the whole config, and `probe`, a pre-flight
+# probe (files, network); both fn(cfg) -> None that raise ConfigError. They run only when the option is selected.
+COMMON = {"check": None, "probe": None}
+
+
+@dataclass(frozen=True)
+class Option:
+    group: str
+    name: str
+    schema: type  # the dataclass Hydra types the option's node with
+    build: Callable | None  # None: never built inside a task (cluster=localhost is started by the launcher)
+    help: str  # what it builds, for --help
+    caps: SimpleNamespace  # the group's capabilities (GROUPS) plus check and probe
+
+    def node(self):
+        """The schema with the option's name filled in, as stored in Hydra's ConfigStore."""
+        return self.schema(name=self.name)
+
+
+_options: dict[str, dict[str, Option]] = {group: {} for group in GROUPS}
+_intros: dict[str, str] = {}
+
+
+def register(group: str, name: str, *, schema: type, help: str, build: Callable | None = None, **caps) -> Option:
+    allowed = {**GROUPS[group][1], **COMMON}
+    unknown = sorted(set(caps) - set(allowed))
+    if unknown:
+        raise TypeError(f"{group}={name}: unknown capabilities {unknown}; a {group} option may declare {sorted(allowed)}")
+    registered = Option(group, name, schema, build, help, SimpleNamespace(**{**allowed, **caps}))
+    _options[group][name] = registered
+    return registered
+
+
+def option(group: str, name: str, *, schema: type, help: str, **caps):
+    """Decorator form of `register`: the decorated function is the option's builder."""
+
+    def decorate(build: Callable) -> Callable:
+        register(group, name, schema=schema, help=help, build=build, **caps)
+        return build
+
+    return decorate
+
+
+def describe(group: str, intro: str) -> None:
+    """What the group as a whole builds, for --help (declared in the group's module)."""
+    _intros[group] = intro
+
+
+def intro(group: str) -> str:
+    options(group)
+    return _intros.get(group, "")
+
+
+def options(group: str) -> dict[str, Option]:
+    """The group's options, in registration order (importing its module registers them)."""
+    importlib.import_module(GROUPS[group][0])
+    return _options[group]
+
+
+def get(group: str, name) -> Option:
+    found = options(group).get(name)
+    if found is None:
+        raise ConfigError(f"{group}={name} is unknown; choose one of: {', '.join(options(group))}.")
+    return found
+
+
+def selected(cfg, group: str) -> Option:
+    """The option the root config selects for `group`."""
+    return get(group, cfg[group].name)

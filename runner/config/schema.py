@@ -1,0 +1,119 @@
+"""Typed schemas: the root config's plain nodes here, each group option's schema with its builder (runner/builders/,
+through runner/config/registry.py), all registered in Hydra's ConfigStore by `register()`.
+
+Each YAML option lists its schema first in its defaults (`/schema/<group>/<option>@_here_`), so a wrong type or an
+unknown key fails while Hydra composes the config, before TensorFlow is imported. Defaults live here and in the
+option schemas only (runner/config/fields.py says why); every numeric field declares its valid range and every enumerated
+field its Enum beside its default, and runner/config/validate.py checks all of them generically.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from runner.builders.data.sources import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
+from runner.builders.model import Loss, Optimizer
+from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
+from runner.config import hydra_private, registry
+from runner.config.fields import UINT32_MAX, Range, choice, ranged  # noqa: F401  (Range, ranged: their old home)
+
+
+# --- plain nodes of the root config ---
+@dataclass
+class DevicesConfig:
+    logical_cpus: int = ranged(1, ge=1)  # tf.config.set_logical_device_configuration: N CPU replicas without a GPU
+    gpus: list[int] | None = ranged(None, ge=0, null="all GPUs")  # indices of the GPUs to make visible; None: all
+    memory_growth: bool = True  # tf.config.experimental.set_memory_growth on each visible GPU
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = choice(Optimizer, "sgd")
+    learning_rate: float = ranged(0.05, gt=0)
+    momentum: float = ranged(0.0, ge=0, lt=1)  # sgd and rmsprop
+    clipnorm: float | None = ranged(None, gt=0, null="no clipping")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = ranged(2, ge=1)
+    steps_per_epoch: int | None = ranged(None, ge=1, null="one pass over the data")  # None: training examples // global batch
+    global_batch_size: int = ranged(64, ge=1)  # split across replicas, as the guide describes
+    loss: str = choice(Loss, "auto")  # auto: from the data's task
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    seed: int = ranged(0, ge=0, le=UINT32_MAX)
+    steps_per_execution: int = ranged(1, ge=1)  # fit: Model.compile(steps_per_execution=...), steps per tf.function call
+    steps_per_loop: int = ranged(1, ge=1)  # custom_loop: steps per tf.function call
+    log_every_n_steps: int = ranged(10, ge=1)
+    mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
+    profile_steps: list[int] | None = ranged(
+        None, ge=1, null="no trace"
+    )  # [first, last]: a profiler trace (runner/executors/profiling.py)
+
+
+@dataclass
+class MlflowConfig:
+    experiment_name: str = "runner"
+    run_name: str | None = None  # None: MLflow picks a name
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
+    enabled: bool = True  # false: no MLflow at all (benchmarks of the logging cost, quick trials)
+    # the background sender's period (training never waits for it); 5 s keeps what is left to send at the end small,
+    # however long the run
+    flush_every_sec: float = ranged(5.0, ge=1, why="sending more often slows training many times over (0 made it 10-16x slower)")
+    delivery_timeout_sec: float = ranged(120.0, ge=0)  # at the end: wait this long for a server that is down, then save an outbox
+    # MLflow's own system metrics (CPU, memory, disk, network; GPU where nvidia-ml-py finds one), sampled in the MLflow
+    # process for the run this process owns, as system/* metrics
+    system_metrics: bool = True
+    system_metrics_every_sec: float = ranged(5.0, ge=1, why="each sample also reads the run back from the store")
+    # the trained model as an MLflow model (pyfunc over model.keras, runner/mlflow_process/model.py): loadable and servable
+    log_model: bool = True
+    register_as: str | None = None  # a registered model name: each run adds a version (needs log_model and save_model)
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    dir: str | None = None  # None: <output_dir>/checkpoints (runner/config/layout.py)
+    every_n_steps: int | None = ranged(None, ge=1, null="at the end of each epoch")  # custom loop (fit: always per epoch)
+    max_to_keep: int = ranged(3, ge=1, why="the newest checkpoint is what resume= continues from")
+
+
+@dataclass
+class SweepConfig:
+    # the metric a sampling sweeper (hydra/sweeper=optuna) optimises: each job returns its final value, read from
+    # the summary.json the job's own process writes; the report lists the jobs best first
+    objective: str = "eval/loss"
+
+
+@dataclass
+class RunnerConfig:
+    strategy: Any = MISSING  # the groups: one schema per option, registered below
+    cross_device_ops: Any = MISSING
+    cluster: Any = MISSING
+    model: Any = MISSING  # open: `_target_` plus the function's own arguments
+    data: Any = MISSING
+    executor: Any = MISSING
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    resume: str | None = None  # an earlier run's output directory: continue its checkpoint and MLflow run
+    save_model: bool = True  # save <output_dir>/model.keras and log it as an artifact
+    # checkpoints, model, MLflow run id: resume=<dir> when given, else Hydra's run directory (`runner.or`: runner/app.py)
+    output_dir: str | None = "${runner.or:${resume},${hydra:runtime.output_dir}}"
+
+
+# group -> option -> schema class, from the registry (the option's schema is declared beside its builder)
+GROUP_SCHEMAS = {group: {name: o.schema for name, o in registry.options(group).items()} for group in registry.GROUPS}
+
+
+def register() -> None:
+    hydra_private.install()  # a mistyped key or option composed against these schemas: the closest names
+    cs = ConfigStore.instance()
+    cs.store(name="runner_schema", node=RunnerConfig)
+    for group in registry.GROUPS:
+        for option in registry.options(group).values():
+            cs.store(group=f"schema/{group}", name=option.name, node=option.node())

@@ -1,0 +1,390 @@
+"""Pure checks of the composed config: config in, ConfigError out, no I/O (no files, network, environment or
+machine state: those are runner/preflight/needs.py's). Run before TensorFlow is imported.
+
+Types and unknown keys are already caught by the schemas while Hydra composes. Ranges and choices are declared beside
+each field's default (runner/config/fields.py) and checked here by one generic walk each; which options go together comes
+from the capabilities each option registers (runner/config/registry.py). Each check is one small function with a message
+that names the bad value and the valid choices.
+
+`validate(cfg)` runs these, then the pre-flight probes: the entry point callers have always used.
+"""
+
+import dataclasses
+import difflib
+import math
+import re
+from collections.abc import Callable
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from runner.builders import strategy_auto
+from runner.config import registry
+from runner.config.fields import choices
+from runner.errors import ConfigError
+from runner.preflight import needs
+
+CHECKS: list[Callable[[DictConfig], None]] = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every pure check, in order; the first problem raises ConfigError."""
+    for fn in CHECKS:
+        fn(cfg)
+
+
+def validate(cfg: DictConfig) -> "strategy_auto.Choice | None":
+    """strategy=auto resolved (it reads TF_CONFIG, Slurm's and CUDA's variables), the pure checks, then the
+    pre-flight probes (ports, TF_CONFIG, MLflow server, directories, files). Returns strategy=auto's choice (None
+    when the config names a strategy), for the caller to log, tag and check at start."""
+    chosen = strategy_auto.resolve(cfg)
+    check_config(cfg)
+    needs.preflight(cfg)
+    return chosen
+
+
+def _number(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _bounds_text(r, is_int: bool) -> str:
+    """`a positive integer (1 or more)`, `greater than 0`, `between 0 and 1 (exclusive)`, ..."""
+    lo = r.ge if r.ge is not None else r.gt
+    hi = r.le if r.le is not None else r.lt
+    if lo is not None and hi is not None:
+        if r.gt is not None and r.lt is not None:
+            return f"between {_number(lo)} and {_number(hi)} (exclusive)"
+        if r.ge is not None and r.le is not None:
+            return f"between {_number(lo)} and {_number(hi)}"
+        return f"{'>=' if r.ge is not None else '>'} {_number(lo)} and {'<=' if r.le is not None else '<'} {_number(hi)}"
+    if r.gt is not None:
+        return f"greater than {_number(r.gt)}"
+    if r.ge is not None:
+        if is_int and r.ge == 1 and r.null is None:
+            return "a positive integer (1 or more)"
+        return f"{_number(r.ge)} or more"
+    if r.lt is not None:
+        return f"less than {_number(r.lt)}"
+    return f"{_number(r.le)} or less"
+
+
+def _out_of_range(value, r) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        return True
+    return (
+        (r.ge is not None and value < r.ge)
+        or (r.gt is not None and value <= r.gt)
+        or (r.le is not None and value > r.le)
+        or (r.lt is not None and value >= r.lt)
+    )
+
+
+def _declared(node, prefix: str, meta: str):
+    """(full key, declaration, value) for every set, non-null field of `node` (recursively) that declares `meta`."""
+    kind = OmegaConf.get_type(node)
+    declared = (
+        {f.name: f.metadata[meta] for f in dataclasses.fields(kind) if meta in f.metadata}
+        if dataclasses.is_dataclass(kind)
+        else {}
+    )
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if isinstance(node._get_node(key), DictConfig):
+            yield from _declared(node[key], full + ".", meta)
+        elif key in declared and not OmegaConf.is_missing(node, key) and node[key] is not None:
+            yield full, declared[key], node[key]
+
+
+def range_problems(node, prefix: str = "") -> list[str]:
+    """Every numeric value outside the range its schema field declares (`ranged(...)`, runner/config/fields.py)."""
+    problems = []
+    for full, r, value in _declared(node, prefix, "range"):
+        items = list(value) if isinstance(value, ListConfig) else [value]
+        numbers = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        bad = [v for v in numbers if _out_of_range(v, r)]
+        if not bad:
+            continue
+        is_int = all(isinstance(v, int) for v in numbers)
+        shown = f"[{', '.join(map(str, items))}]" if isinstance(value, ListConfig) else str(value)
+        finite = "finite and " if any(isinstance(v, float) and not math.isfinite(v) for v in bad) else ""
+        what = ("every element must be " if isinstance(value, ListConfig) else "must be ") + finite + _bounds_text(r, is_int)
+        if r.null is not None:
+            what += f", or null ({r.null})"
+        problems.append(f"{full}={shown} {what}." + (f" {r.why[0].upper()}{r.why[1:]}." if r.why else ""))
+    return problems
+
+
+def _first_of(problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more: {' '.join(problems[1:])})" if len(problems) > 1 else ""
+        raise ConfigError(problems[0] + more)
+
+
+def missing_keys(node, prefix: str = "") -> list[str]:
+    """Every key whose schema declares no default (MISSING, `???`) and that the config leaves unset."""
+    found = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if OmegaConf.is_missing(node, key):
+            found.append(full)
+        elif isinstance(node._get_node(key), DictConfig):
+            found += missing_keys(node[key], full + ".")
+    return found
+
+
+@check
+def required_values(cfg):
+    """A mandatory key left unset (data=npz without data.path) is named here, not as OmegaConf's traceback later."""
+    for key in missing_keys(cfg):
+        group = key.split(".")[0]
+        option = group in registry.GROUPS and "name" in cfg[group]
+        owner = f"{group}={cfg[group].name} needs it" if option else "it has no default"
+        raise ConfigError(f"{key} is not set, and {owner}: add {key}=<value> to the command (its meaning: README, or --help).")
+
+
+@check
+def profile_window(cfg):
+    steps = cfg.train.profile_steps
+    if steps is None:
+        return
+    steps = list(steps)
+    if len(steps) != 2 or steps[0] < 1 or steps[1] < steps[0]:
+        raise ConfigError(
+            f"train.profile_steps={steps} must be [first, last] with 1 <= first <= last (training steps, counted from 1), "
+            "e.g. train.profile_steps=[10,20]."
+        )
+
+
+@check
+def ranges(cfg):
+    """The one generic range check: every numeric field against the range declared beside it."""
+    _first_of(range_problems(cfg))
+
+
+@check
+def enumerations(cfg):
+    """The one generic choice check: every enumerated field (`choice(Enum, default)`) against its Enum's values."""
+    _first_of(
+        [
+            f"{full}={str(value)!r} is not valid; choose one of: {', '.join(choices(kind))}."
+            for full, kind, value in _declared(cfg, "", "choices")
+            if str(value) not in choices(kind)
+        ]
+    )
+
+
+def unknown_keys(node, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """(full key, the keys its node has) for every key a schema does not declare. Hydra refuses such keys while it
+    composes, except when they are added with `+key=value`, which bypasses the schema."""
+    kind = OmegaConf.get_type(node)
+    known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    found = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if known is not None and key not in known:
+            found.append((full, known))
+        elif isinstance(node._get_node(key), DictConfig):
+            found += unknown_keys(node[key], full + ".")
+    return found
+
+
+def close_names(word: str, known) -> list[str]:
+    """The names in `known` closest to a mistyped `word` (difflib), best first: at most 3, none when nothing is close."""
+    return difflib.get_close_matches(str(word), [str(k) for k in known], n=3, cutoff=0.6)
+
+
+def _as_override(key: str, value) -> str:
+    """`key=value` for a value given as text or a scalar, else the key alone."""
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return f"{key}={value}" if isinstance(value, (str, int, float)) else key
+
+
+def key_owners(parent: str, key: str) -> list[str]:
+    """The options of group `parent` whose schema has `key` (strategy.devices: mirrored and central_storage): a key of
+    another option than the one selected."""
+    if parent not in registry.GROUPS:
+        return []
+    return [
+        o.name
+        for o in registry.options(parent).values()
+        if dataclasses.is_dataclass(o.schema) and key in {f.name for f in dataclasses.fields(o.schema)}
+    ]
+
+
+def unknown_key_problem(key: str, known, *, value=None, rest: str = "", selected=None, how: str = "") -> str:
+    """A key its node does not have, with the closest real keys: `train.epoch is not a key of train: did you mean
+    train.epochs=3? The keys of train are: ...`. `value` makes the suggestion a whole override; `rest` is what came
+    after the unknown part (trian.epochs: `epochs`), kept in the suggestion; `selected` is the group's selected option
+    (strategy=auto), for a key that another option has; `how` follows the key (how it was given)."""
+    parent, _, name = key.rpartition(".")
+    where = f"{parent}={selected}" if selected else parent or "the config"
+    close = [f"{parent}.{c}" if parent else c for c in close_names(name, known)]
+    text = f"{key} is not a key of {where}{how}"
+    if close:
+        text += f": did you mean {' or '.join(_as_override(f'{c}.{rest}' if rest else c, value) for c in close)}?"
+    else:
+        text += ", and none of its keys has a similar name."
+    text += f" The keys of {where} are: {', '.join(str(k) for k in known)}."
+    owners = [o for o in key_owners(parent, name) if o != selected]
+    if owners:
+        first = f"{parent}={owners[0]} {_as_override(key, value)}"
+        text += f" {name} is a key of {parent}={' or '.join(owners)}: select it first ({first})."
+    return text
+
+
+@check
+def no_unknown_keys(cfg):
+    found = unknown_keys(cfg)
+    if found:
+        key, known = found[0]
+        parent = key.rpartition(".")[0]
+        selected = cfg[parent].get("name") if parent in registry.GROUPS else None
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        problem = unknown_key_problem(key, known, value=value, selected=selected, how=f" (added with +{key}=...?)")
+        raise ConfigError(f"{problem} Remove it, or correct its name.")
+
+
+COMPOSED = "every key and its value: python -m runner --cfg job"
+
+
+def override_problem(key: str, value: str, cfg: DictConfig, hydra_says: str) -> str | None:
+    """Hydra refused `key=value` from the command line: the key is not in the composed config `cfg` (a typed node:
+    not in its schema; an open one, as model: not in its YAML). The message names the unknown part of the key and
+    the closest real keys there; a mistyped group name (stratgy=mirrored) is a key of the root config, so it is
+    found the same way. None when the key's path is not a mistyped name (Hydra's own message stays)."""
+    parts, node = key.split("."), cfg
+    for i, part in enumerate(parts):
+        keys = [str(k) for k in node.keys()]
+        if part not in keys:
+            parent = ".".join(parts[:i])
+            selected = node.get("name") if parent in registry.GROUPS and "name" in keys else None
+            problem = unknown_key_problem(
+                ".".join(parts[: i + 1]), keys, value=value, rest=".".join(parts[i + 1 :]), selected=selected
+            )
+            if not dataclasses.is_dataclass(OmegaConf.get_type(node)):  # open (model): a new argument is added with +
+                problem += f" A new key is added with +{key}={value}."
+            return f"{problem} Nothing ran (Hydra: {hydra_says}); {COMPOSED}."
+        child = node._get_node(part)
+        if not isinstance(child, DictConfig) or child._is_none() or child._is_missing():
+            return None  # a path through a value: not a name problem
+        node = child
+    return None
+
+
+def option_problem(group: str, name: str, options, hydra_says: str, searched=()) -> str:
+    """`group=name` names no config file of the group: the closest options, and every option."""
+    close = close_names(name, options)
+    text = f"{group}={name} is not an option of {group}"
+    text += f": did you mean {' or '.join(f'{group}={c}' for c in close)}?" if close else ", and no option has a similar name."
+    where = f"; searched {', '.join(searched)}" if searched else ""
+    return f"{text} The options of {group} are: {', '.join(options)}. Nothing ran (Hydra: {hydra_says}{where})."
+
+
+def _selected(cfg):
+    """The registered option of each group; an unknown one (a YAML without its registration) is refused here."""
+    return {group: registry.selected(cfg, group) for group in registry.GROUPS}
+
+
+@check
+def cross_device_ops_fit_strategy(cfg):
+    strategy, ops = cfg.strategy.name, cfg.cross_device_ops.name
+    allowed = _selected(cfg)["strategy"].caps.cross_device_ops
+    if ops not in allowed:
+        takers = [s.name for s in registry.options("strategy").values() if ops in s.caps.cross_device_ops]
+        raise ConfigError(
+            f"cross_device_ops={ops} does not apply to strategy={strategy}; "
+            f"strategy={strategy} takes cross_device_ops={' or '.join(allowed)}"
+            + (f", and {ops} is for strategy={' or '.join(takers)}." if takers else ".")
+        )
+
+
+@check
+def option_checks(cfg):
+    """Each selected option's own cross-field check (`check=` where it is registered): the cluster's first."""
+    for group in ("cluster", "strategy", "cross_device_ops", "data", "executor"):
+        own = _selected(cfg)[group].caps.check
+        if own is not None:
+            own(cfg)
+
+
+@check
+def strategy_fits_cluster(cfg):
+    selected = _selected(cfg)
+    if selected["cluster"].caps.processes and not selected["strategy"].caps.multi_process:
+        takers = [s.name for s in registry.options("strategy").values() if s.caps.multi_process]
+        alone = [c.name for c in registry.options("cluster").values() if not c.caps.processes and c.caps.check is None]
+        raise ConfigError(
+            f"strategy={cfg.strategy.name} runs in one process and cannot use cluster={cfg.cluster.name}; "
+            f"use {' or '.join('strategy=' + t for t in takers)}, or {' or '.join('cluster=' + c for c in alone)}."
+        )
+
+
+@check
+def strategy_takes_input(cfg):
+    inputs = _selected(cfg)["strategy"].caps.inputs
+    if inputs is not None and cfg.data.input not in inputs:
+        raise ConfigError(
+            f"data.input={cfg.data.input} is not supported with strategy={cfg.strategy.name}; use data.input={inputs[0]}."
+        )
+
+
+@check
+def keras_app_model(cfg):
+    """model=keras_app: weights to download (imagenet), a resize_to that is not [h, w], keys it sets itself."""
+    from runner.models import keras_app_problem  # no TensorFlow
+
+    if cfg.model.get("_target_") == "runner.models.keras_app":
+        problem = keras_app_problem(OmegaConf.to_container(cfg.model, resolve=True))
+        if problem:
+            raise ConfigError(problem)
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
+
+@check
+def registered_model_name(cfg):
+    """mlflow.register_as: a name `models:/<name>/<version>` can carry, and a model to register."""
+    name = cfg.mlflow.register_as
+    if name is None:
+        return
+    if not MODEL_NAME.fullmatch(str(name)):
+        raise ConfigError(
+            f"mlflow.register_as={name!r} is not a usable model name: use 1-200 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit (it becomes models:/<name>/<version>)."
+        )
+    if not (cfg.mlflow.log_model and cfg.save_model and cfg.mlflow.enabled):
+        off = [k for k, v in (("mlflow.enabled", cfg.mlflow.enabled), ("save_model", cfg.save_model),
+                              ("mlflow.log_model", cfg.mlflow.log_model)) if not v]  # fmt: skip
+        raise ConfigError(
+            f"mlflow.register_as={name} registers the logged model, but {' and '.join(k + '=false' for k in off)}: "
+            "drop mlflow.register_as, or turn them back on."
+        )
+
+
+def unquoted_non_ascii_problem(argv) -> str:
+    """Hydra's override grammar takes characters beyond ASCII (données.npz, sortie-é) only inside quotes, and says
+    `LexerNoViableAltException` with a caret otherwise. The same override, quoted, is what works: say that. ''
+    when every override parses (or fails for another reason, which Hydra's own message explains)."""
+    suspects = [a for a in argv if not a.startswith("-") and "=" in a and not a.isascii()]
+    if not suspects:
+        return ""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for arg in suspects:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException:
+            key, _, value = arg.partition("=")
+            return (
+                f"{arg}: Hydra's override grammar takes characters beyond ASCII only inside quotes. Write "
+                f"{key}='{value}' (in a shell: \"{key}='{value}'\"); nothing ran."
+            )
+    return ""

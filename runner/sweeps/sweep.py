@@ -1,0 +1,330 @@
+"""Multirun sweeps: one MLflow parent run per sweep, one child run per job, each job in a fresh process.
+
+Hydra's basic launcher runs every job in one process (and joblib reuses its workers), but TensorFlow's
+logical devices can be set only once per process; so each job's task function here starts
+`python -m runner <job overrides>` as a child process and waits for it. The child logs its own MLflow run,
+nested under the sweep's parent run. A failed job is recorded and the sweep goes on; at the end the
+report is written and the sweep exits non-zero if any job failed.
+"""
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from runner.config.redact import redact, redact_mapping
+from runner.control import claims, contract
+from runner.errors import ConfigError
+from runner.sweeps import slurm
+
+log = logging.getLogger("runner")
+# Hydra's launchers announce every job with its overrides as given: a second line per job, passwords unmasked.
+HYDRA_LAUNCHER_LOGS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+)
+OPTUNA_SWEEPER_LOG = "hydra_plugins.hydra_optuna_sweeper._impl"
+STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
+
+
+class _NoPerJobLine(logging.Filter):
+    """Drops a launcher's `\t#<n> : <overrides>` line, and its `Launching 1 jobs locally` said again for every
+    trial of a sampling sweeper; keeps the rest (how many jobs, how they are launched), once."""
+
+    def __init__(self):
+        super().__init__()
+        self.said = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if re.match(r"\s*#\d+ : ", message) or message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+class _NoStudyNoise(logging.Filter):
+    """Drops the Optuna sweeper's lines that say nothing to a user (a generated study name, `Storage: None`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Study name: no-name-") or message == "Storage: None")
+
+
+def _state(sweep_dir: str, name: str) -> str:
+    os.makedirs(os.path.join(sweep_dir, STATE_DIR), exist_ok=True)
+    return os.path.join(sweep_dir, STATE_DIR, name)
+
+
+def count_jobs(hydra_cfg) -> int | None:
+    """How many jobs the sweep will launch: a sampling sweeper's n_trials, else the size of the grid of the sweep
+    overrides and sweeper params (Hydra's public override parser); None when that cannot be told (a glob)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if hydra_cfg.sweeper.get("n_trials") is not None:
+        return int(hydra_cfg.sweeper.n_trials)
+    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
+    total = 1
+    for override in OverridesParser.create().parse_overrides(params + list(hydra_cfg.overrides.task)):
+        if override.is_sweep_override():
+            try:
+                total *= len(list(override.sweep_string_iterator()))
+            except Exception:  # a glob over a config group, or a sweep type only its sweeper can expand
+                return None
+    return total
+
+
+def run_sweep_job(cfg: DictConfig) -> float:
+    """The task function of one sweep job: run it in a fresh process, record how it ended. Returns the job's final
+    value of sweep.objective, which a sampling sweeper (Optuna) optimises. A failed job, or one without that
+    figure, returns the worst value (inf when minimising): Optuna raises on a trial without a value once every
+    trial has failed, before the sweep's report is written, while the worst value lets the search go on."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    job_dir, sweep_dir, num = hc.runtime.output_dir, hc.sweep.dir, hc.job.num
+    total = os.environ.get(contract.SWEEP_SIZE) or "?"  # set by SweepCallback in the sweep's process
+    # mlflow.tracking_uri travels in the environment (env below): on a command line `ps` shows its password
+    overrides = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("mlflow.tracking_uri=")]
+    label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
+    # Under Hydra's submitit launcher every Slurm task of a job runs this function: task 0 speaks for the job.
+    secondary = cfg.cluster.name == "slurm" and os.environ.get("SLURM_PROCID", "0") != "0"
+    problem = None
+    if cfg.cluster.name == "slurm":
+        try:
+            overrides = [*overrides, f"cluster.port_base={slurm.port_base(cfg.cluster.port_base, num)}"]
+        except ConfigError as err:  # this job cannot start: it fails as a job with a bad config does
+            problem = f"Error: {err}\n"
+    if not secondary:
+        log.info("job #%d (%d of %s): %s", num, num + 1, total, redact(" ".join(hc.overrides.task)) or "(defaults)")
+    # the store through the environment, not the command line, where credentials would show in `ps`
+    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN, when there is one
+    # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
+    # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
+    # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
+    # thread: the basic launcher's, or a joblib worker process's).
+    if problem:
+        sys.stdout.write(f"[{label}] {problem}")
+        code, tail = 2, [problem]
+    else:
+        try:
+            # Its own process group (not under Slurm, which signals every process of a step itself): a Ctrl-C reaches
+            # this process only, which passes exactly one signal on, so the job checkpoints once instead of
+            # taking a terminal's signal and a forwarded one as a second Ctrl-C.
+            own_group = cfg.cluster.name != "slurm"
+            argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
+            code, tail = _run_child(argv, env, label, own_group)
+        except SweepStopped as stop:
+            _stopped(cfg, stop, label, env.get(contract.PARENT_RUN))
+    if secondary:
+        return math.nan  # Hydra's submitit launcher returns task 0's value
+    status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
+    if code:
+        status["error"] = "".join(tail)
+        _record_failed_start(cfg, job_dir, env.get(contract.PARENT_RUN), num, overrides, status["error"])
+        log.error("job %s failed (exit code %d); the sweep goes on", label, code)
+    objective = None if code else _objective(cfg.sweep.objective, job_dir, label)
+    status["objective"] = objective
+    with open(_state(sweep_dir, f"job-{num}.json"), "w") as f:
+        json.dump(status, f)
+    worst = -math.inf if hc.sweeper.get("direction") == "maximize" else math.inf
+    return worst if objective is None else objective
+
+
+class SweepStopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM to the sweep's process (not an Exception: Hydra's launchers catch those)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_stop_signal(signum, frame):
+    raise SweepStopped(signum)
+
+
+def _run_child(overrides: list[str], env: dict, label: str, own_group: bool = False) -> tuple[int, list[str]]:
+    """`python -m runner <overrides>`, its lines passed on with the job's label; (exit code, its last 30 lines). On
+    Ctrl-C or SIGTERM the job gets the signal (once, in its own group), checkpoints and ends its run KILLED while its
+    lines still come through; a further signal is passed on too (stop at once); then SweepStopped."""
+    proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
+    tail: list[str] = []
+
+    def show(line):
+        nonlocal tail
+        sys.stdout.write(f"[{label}] {line}")
+        sys.stdout.flush()
+        tail = (tail + [line])[-30:]
+
+    try:
+        for line in proc.stdout:
+            show(line)
+    except (KeyboardInterrupt, SweepStopped) as err:
+        signum = getattr(err, "signum", signal.SIGINT)
+        forward = lambda sig, frame: own_group and proc.poll() is None and proc.send_signal(sig)  # noqa: E731
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, forward)
+        forward(signum, None)
+        for line in proc.stdout:
+            show(line)
+        proc.wait()
+        raise SweepStopped(signum) from None
+    return proc.wait(), tail
+
+
+def kill_parent_run(signum: int) -> None:
+    """The sweep's MLflow parent run (this process's, when it opened one) KILLED by `signum`."""
+    parent_id, uri = os.environ.get(contract.PARENT_RUN), os.environ.get(contract.TRACKING_URI)
+    if not parent_id or not uri:
+        return
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        client.set_tag(parent_id, "stopped_by", signal.Signals(signum).name)
+        client.set_terminated(parent_id, "KILLED")
+    except Exception as err:  # the message is what matters; the next run marks a stale one FAILED
+        log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
+
+
+def _stopped(cfg, stop: SweepStopped, label: str, parent_id: str | None):
+    """The sweep stopped during job `label`: its parent run KILLED, one paragraph, exit 130 / 143."""
+    name = signal.Signals(stop.signum).name
+    kill_parent_run(stop.signum)
+    print(
+        f"Stopped: the sweep was stopped by {name} during job {label}, which checkpointed and ended its MLflow run "
+        "KILLED (continue it with the resume= it printed); the sweep's MLflow run is KILLED and the jobs after it did "
+        "not run.",
+        file=sys.stderr,
+    )
+    sys.exit(128 + stop.signum)
+
+
+def _objective(metric: str, job_dir: str, label: str) -> float | None:
+    """The job's final value of `metric`, from the summary.json its own process wrote."""
+    from runner.config.layout import summary_path
+
+    try:
+        with open(summary_path(job_dir)) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        summary = {}
+    value = summary.get(metric)
+    if not isinstance(value, (int, float)):
+        figures = ", ".join(k for k, v in summary.items() if isinstance(v, (int, float))) or "none"
+        log.warning("job %s has no final %s (sweep.objective) to return; its figures: %s", label, metric, figures)
+        return None
+    return float(value)
+
+
+def cfg_uri(cfg) -> str:
+    from runner.tracking.run import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative: pin it for the children
+        uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
+    return uri
+
+
+def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None:
+    """A job that failed before its child run existed (a config error) still gets a FAILED child run."""
+    if os.path.exists(os.path.join(job_dir, "mlflow_run_id")) or not parent_id:
+        return
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+    from omegaconf import OmegaConf
+
+    from runner.tracking.run import flatten
+
+    client = MlflowClient(cfg_uri(cfg))
+    parent = client.get_run(parent_id)
+    run = client.create_run(
+        parent.info.experiment_id,
+        run_name=f"job-{num}",
+        tags={
+            "mlflow.parentRunId": parent_id,
+            "sweep.job_num": str(num),
+            "overrides": " ".join(overrides),
+            "error": error[-5000:],
+        },
+    )
+    params = [Param(k, v) for k, v in redact_mapping(flatten(OmegaConf.to_container(cfg, resolve=False))).items()]
+    for i in range(0, len(params), 100):
+        client.log_batch(run.info.run_id, params=params[i : i + 100])
+    client.set_terminated(run.info.run_id, "FAILED")
+
+
+class SweepCallback(Callback):
+    """Opens the parent run before the jobs, and closes it with the report after them."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import mlflow
+
+        from runner.mlflow_process import store
+
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a scheduler's notice stops the running job as Ctrl-C does
+            signal.signal(signum, _on_stop_signal)
+        hc = config.hydra
+        sweep_dir = hc.sweep.dir
+        try:  # a sweep directory another live sweep owns: its jobs would continue that sweep's runs
+            claims.claim(sweep_dir, "hydra.sweep.dir", what="sweep")
+        except ConfigError as err:
+            print(f"Error: {err}", file=sys.stderr)
+            sys.exit(err.exit_code)
+        logging.getLogger("submitit").addFilter(slurm.SacctQuiet())
+        for name in HYDRA_LAUNCHER_LOGS:  # each job is announced once, by run_sweep_job, with secrets masked
+            logging.getLogger(name).addFilter(_NoPerJobLine())
+        logging.getLogger(OPTUNA_SWEEPER_LOG).addFilter(_NoStudyNoise())
+        if "optuna" in str(hc.sweeper.get("_target_", "")):  # imported by its sweeper anyway, right after this
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)  # its coloured study and trial lines: the report tells
+        total = count_jobs(hc)
+        label = "?" if total is None else str(total)
+        os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later
+        uri = cfg_uri(config)
+        try:
+            client = store.open_client(uri)  # a fresh SQLite store created once, under a lock
+        except ConfigError as err:  # Hydra turns a callback's exception into a warning and runs the jobs anyway
+            print(f"Error: {err}", file=sys.stderr)
+            sys.exit(err.exit_code)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # "Experiment with name ... Creating a new experiment."
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.set_experiment(config.mlflow.experiment_name)
+        run = client.create_run(
+            experiment.experiment_id,
+            run_name=redact(config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}"),  # ${oc.env:...} in it: masked
+            tags={
+                "sweep.overrides": redact(" ".join(hc.overrides.task)),
+                "sweep.jobs": label,
+                "sweep.dir": os.path.abspath(sweep_dir),
+            },
+        )
+        store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
+        os.environ[contract.PARENT_RUN] = run.info.run_id  # each job's environment, so its run nests under this one
+        os.environ[contract.TRACKING_URI] = uri  # the jobs get it anyway; kill_parent_run reads it here
+        log.info("sweep of %s jobs into %s; MLflow parent run %s (%s)", label, sweep_dir, run.info.run_name, run.info.run_id)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from runner.sweeps.report import write_report
+
+        sweep_dir, parent = config.hydra.sweep.dir, os.environ.get(contract.PARENT_RUN)
+        if not parent:
+            return
+        direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
+        failed = write_report(cfg_uri(config), parent, sweep_dir, config.sweep.objective if direction else None, direction)
+        if failed:
+            print(
+                f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
+                f"Their errors are in MLflow and in {sweep_dir}/<job>/runner.log.",
+                file=sys.stderr,
+            )
+            sys.exit(1)

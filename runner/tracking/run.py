@@ -1,0 +1,231 @@
+"""The MLflow run's lifecycle: started, continued or attached to; ended FINISHED, FAILED or KILLED.
+
+MLflow itself runs in a process of its own (runner/mlflow_process/process.py), started by `prestart` before TensorFlow
+is imported; this process reaches it through runner/tracking/pipe.py and reports through runner/tracking/runlog.py's
+`RunLog.log_metrics(values, step)`. Only mlflow_process.py (and its mlflow_ops.py), store.py, journal.py, outbox.py,
+the logged model's own code (mlflow_model.py) and the tools that read runs back (sweep, report, deliver, watchdog)
+import mlflow.
+"""
+
+import contextlib
+import glob
+import logging
+import os
+import traceback
+from collections.abc import Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import layout
+from runner.config.redact import is_secret_name, redact, redact_uri
+from runner.control import contract
+from runner.errors import ConfigError
+from runner.tracking.pipe import Pipe, PipeError
+from runner.tracking.runlog import NullRun, RunLog
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3.17's own default: embedded, no server
+MAX_PARAM_LENGTH = 6000
+
+log = logging.getLogger("runner")
+
+
+def resolve_tracking_uri(configured: str | None) -> str:
+    """mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    legacy = glob.glob(os.path.join("mlruns", "[0-9]*", "meta.yaml"))
+    if legacy and not os.path.exists("mlflow.db"):
+        raise ConfigError(
+            f"./mlruns in {os.getcwd()} holds runs in MLflow's old file store, which MLflow 3.17 no longer opens by "
+            "default. Migrate them once with `mlflow migrate-filestore --source . --target sqlite:///mlflow.db` "
+            "(the runner then uses mlflow.db), or keep the file store with "
+            "MLFLOW_TRACKING_URI=file:./mlruns MLFLOW_ALLOW_FILE_STORE=true."
+        )
+    return DEFAULT_URI
+
+
+def flatten(node, prefix: str = "") -> dict[str, str]:
+    """{'train.optimizer.name': 'sgd', ...} for MLflow params."""
+    out: dict[str, str] = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    else:
+        out[prefix[:-1]] = str(node)[:MAX_PARAM_LENGTH]
+    return out
+
+
+RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
+__all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "resolve_tracking_uri", "flatten", "env_tags"]
+
+_prestarted: dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
+
+
+def _saved_run_id(output_dir: str | None) -> str | None:
+    path = os.path.join(output_dir or "", RUN_ID_FILE)
+    return open(path).read().strip() if output_dir and os.path.isfile(path) else None
+
+
+ENV_PREFIXES = ("TF_", "SLURM_", "CUDA_", "NCCL_", "MLFLOW_", "OMP_", "KMP_")  # what shapes a run, as env.* tags
+
+
+def env_tags() -> dict[str, str]:
+    """The environment that shapes a run, minus anything that looks like a secret (MLFLOW_TRACKING_TOKEN...)."""
+    return {f"env.{k}": v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) and not is_secret_name(k)}
+
+
+def _logs_here(cfg: DictConfig) -> bool:
+    """Whether this process will own or attach to the run, as far as the config and TF_CONFIG tell without
+    TensorFlow: the chief, or worker 0 when there is no chief (runner/builders/cluster.py's rule)."""
+    if not cfg.mlflow.enabled:
+        return False
+    if cfg.cluster.name in ("local", "tpu"):
+        return True
+    if cfg.cluster.name != "tf_config":
+        return False  # decided once the cluster is built; the MLflow process starts then
+    return layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG"))
+
+
+def prestart(cfg: DictConfig) -> None:
+    """Start the MLflow process now, so that it gets ready while this process imports TensorFlow."""
+    if not _logs_here(cfg):
+        return
+    try:
+        uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    except ConfigError:
+        return  # raised again where the run starts
+    if uri not in _prestarted:
+        _prestarted[uri] = Pipe.spawn(uri)
+
+
+def where_line(run, cfg) -> str:
+    """The run's last line: where its outputs are and how to find its MLflow run (`mlflow runs list
+    --experiment-id` needs the id), and the command that shows it."""
+    parts = [f"outputs in {cfg.output_dir}"] if cfg.output_dir else []
+    if getattr(run, "run_id", None):
+        uri = redact_uri(run.tracking_uri)
+        parts.append(f"MLflow run {run.run_id} in experiment {cfg.mlflow.experiment_name!r} (id {run.experiment_id}) at {uri}")
+        tracking = "" if uri == DEFAULT_URI else f" --tracking-uri '{uri}'"
+        parts.append(f"compare runs with: python -m runner.dashboard{tracking}")
+    return "; ".join(parts)
+
+
+def discard_prestarted() -> None:
+    """This process turned out not to log (a server or evaluator task): let its MLflow process go."""
+    while _prestarted:
+        _prestarted.popitem()[1].close()
+
+
+@contextlib.contextmanager
+def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Iterator[RunLog]:
+    """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED (Ctrl-C, SIGTERM).
+
+    A new run gets the composed config as params and artifacts. A run id saved in the output directory
+    (a rerun or resume=<dir>) continues that run, after delivering what an earlier attempt left in its
+    outbox. Under the localhost launcher, tasks attach to the launcher's run (`contract.ATTACH_RUN`) and leave
+    ending it to the launcher. `tags` go on a new run beside the runner's own. Secrets never reach params, tags or
+    logs (`redact`).
+    """
+    from runner.control.stopping import Stopped
+
+    uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    pipe = _prestarted.pop(uri, None) or Pipe.spawn(uri)
+    discard_prestarted()
+    try:
+        runlog = _start(cfg, overrides, uri, pipe, tags or {})
+    except BaseException:
+        pipe.close()
+        raise
+    monitored = cfg.mlflow.system_metrics and runlog.owner  # attached tasks: the launcher's run is monitored by it
+    status = "FAILED"
+    try:
+        yield runlog
+        status = "FINISHED"
+    except (KeyboardInterrupt, Stopped) as err:
+        status = "KILLED"
+        runlog.set_tags({"stopped_by": getattr(err, "signal_name", "SIGINT")})
+        err.run_killed = runlog.owner  # what the message may say: this process ends the run KILLED
+        raise
+    except BaseException as err:
+        if isinstance(err, ConfigError) and runlog.previous_status:
+            # A continued run refused before any step (another model, a bad value): it stays as it was (FINISHED,
+            # KILLED), with the refusal as a tag, not an error of the run.
+            status = runlog.previous_status
+            runlog.set_tags({"resume_refused": redact(str(err))[:5000]})
+            raise
+        runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
+        try:
+            runlog.log_text("".join(traceback.format_exception(err)), "error.txt")
+        except Exception:  # the server may be what failed; the error tag is queued either way
+            pass
+        raise
+    finally:
+        try:
+            if monitored:
+                _stop_system_metrics(pipe, runlog.run_id)
+            runlog.close(status)
+        finally:
+            pipe.close()
+
+
+SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor after 5 s (runner/mlflow_process/ops.py)
+
+
+def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:
+    """Stop MLflow's system-metrics monitor before the run ends (its last point is logged then)."""
+    from runner.control.stopping import Stopped
+
+    try:
+        pipe.stop_system_metrics(run_id, timeout=SYSTEM_METRICS_STOP_SEC)
+    except (PipeError, TimeoutError) as err:
+        log.warning("system metrics: the monitor did not stop cleanly (%s)", err or "timed out")
+    except (KeyboardInterrupt, Stopped):  # a second Ctrl-C: the run must still be ended (RunLog.close)
+        log.warning("system metrics: not waiting for the monitor's last point")
+
+
+def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict) -> RunLog:
+    """Continue, attach to, or create the run (in the MLflow process); a new run's id is saved beside its outputs."""
+    attached = os.environ.get(contract.ATTACH_RUN)
+    resumed = None if attached else _saved_run_id(cfg.output_dir)
+    tags = {
+        "overrides": " ".join(overrides),
+        "executor": cfg.executor.name,
+        "strategy.name": cfg.strategy.name,
+        "cluster.name": cfg.cluster.name,
+        **extra_tags,
+        **env_tags(),
+    }
+    try:
+        started = pipe.start(
+            cfg=OmegaConf.to_container(cfg, resolve=True),
+            overrides=list(overrides),
+            attached=attached,
+            resumed=resumed,
+            parent=os.environ.get(contract.PARENT_RUN),
+            job=os.environ.get(contract.SWEEP_JOB),
+            tags=tags,
+            system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,
+        )
+    except PipeError as err:
+        raise ConfigError(
+            f"MLflow at {redact_uri(uri)} could not start the run ({err}); nothing was trained. Check "
+            "mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false."
+        ) from None
+    run_id = started["run_id"]
+    if not (attached or resumed) and cfg.output_dir:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        with open(os.path.join(cfg.output_dir, RUN_ID_FILE), "w") as f:
+            f.write(run_id)
+    return RunLog(
+        pipe,
+        run_id,
+        uri=uri,
+        owner=not attached,
+        flush_every=cfg.mlflow.flush_every_sec,
+        delivery_timeout=cfg.mlflow.delivery_timeout_sec,
+        outbox_dir=cfg.output_dir,
+        logged_through=started["logged_through"],
+        experiment_id=started.get("experiment_id"),
+        previous_status=started.get("previous_status"),
+    )
