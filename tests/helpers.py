@@ -10,6 +10,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def composed(*overrides, hydra: bool = False):
+    """The root config as `python -m runner <overrides>` composes it (Hydra's compose API: nothing runs)."""
+    from hydra import compose, initialize_config_module
+
+    from runner.config import schema
+
+    schema.register()  # the typed schemas in Hydra's ConfigStore, as the runner's entry point does
+    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
 # Small and quick, but enough steps that a loss has room to fall.
 FAST = [
     "data.num_examples=512",

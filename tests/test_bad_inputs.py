@@ -15,7 +15,6 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -27,16 +26,11 @@ from runner.config.validate import validate
 from runner.errors import ConfigError
 from runner.sources import checks, in_memory
 
-from helpers import ROOT, run_runner
+from helpers import composed, run_runner
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
 EXPERIMENT = "bad-inputs"
-
-
-def composed(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def assert_refused(cfg, *needles):

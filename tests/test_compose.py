@@ -6,7 +6,6 @@ import json
 import re
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
@@ -15,15 +14,10 @@ from runner.config import schema
 from runner.config.validate import validate
 from runner.errors import ConfigError
 
-from helpers import ROOT
+from helpers import ROOT, composed
 
 schema.register()
 CONF = ROOT / "conf"
-
-
-def composed(*overrides, hydra=False):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
 
 
 def test_the_default_experiment_is_readmes():

@@ -4,20 +4,16 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from runner.config import schema
 from runner.config.validate import validate
 from runner.errors import ConfigError
 
+from helpers import composed
+
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
-
-
-def composed(*overrides):
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize(

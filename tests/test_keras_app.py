@@ -20,15 +20,12 @@ from runner.config.validate import check_config
 from runner.errors import ConfigError
 from runner.preflight import needs
 
+from helpers import composed
+
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
 USER = Path(__file__).parent / "user_project"
 DIGITS = ["model=keras_app", "data=digits", "model.resize_to=[32,32]"]
-
-
-def composed(*overrides):
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 # --- refused before TensorFlow ---------------------------------------------------------------------------------------

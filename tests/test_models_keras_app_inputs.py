@@ -11,7 +11,6 @@ import os
 import h5py
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from runner.config import schema
@@ -19,17 +18,12 @@ from runner.errors import ConfigError
 from runner.preflight import needs
 from runner.sources import checks
 
-from helpers import mlflow_run_by_name
+from helpers import composed, mlflow_run_by_name
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
 EXPERIMENT = "keras-app-inputs"
 DIGITS = ["model=keras_app", "data=digits", "model.resize_to=[32,32]", "+model.alpha=0.35"]
-
-
-def composed(*overrides):
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def other_architecture(path):

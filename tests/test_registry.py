@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_method
 from omegaconf import OmegaConf
@@ -19,14 +18,11 @@ from omegaconf import OmegaConf
 from runner.config import fields, helptext, registry, schema, validate
 from runner.errors import ConfigError
 
+from helpers import composed
+
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
 CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def composed(*overrides):
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def _yaml(path: Path) -> dict:

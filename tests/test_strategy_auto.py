@@ -7,20 +7,14 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from runner.builders import strategy_auto
 from runner.config import schema
 from runner.config.validate import check_config
 
-from helpers import ROOT
+from helpers import ROOT, composed
 
 schema.register()
-
-
-def composed(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 @pytest.fixture

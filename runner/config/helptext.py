@@ -113,7 +113,10 @@ def _options(group: str) -> list[tuple[str, str]]:
     default = defaults().get(group)
     if group not in registry.GROUPS:
         return [(p.stem, described(p)) for p in sorted((conf_dir() / group).glob("*.yaml"))]
-    options = [(o.name, o.help + _combines(group, o.name)) for o in registry.options(group).values()]
+    found = registry.options(group).values()
+    if group == "data":  # in memory, then streamed from files (a package: registered in its modules' name order)
+        found = sorted(found, key=lambda o: o.caps.pipeline is not None)
+    options = [(o.name, o.help + _combines(group, o.name)) for o in found]
     first = [(name, text.replace("one of the above", "one of the others")) for name, text in options if name == default]
     return first + [o for o in options if o[0] != default]  # strategy=auto, registered last, said "the above"
 

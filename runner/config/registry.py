@@ -1,15 +1,17 @@
 """One registry per config group: each option declares its schema, builder and capabilities in one place.
 
-An option is declared once, in its group's module (GROUPS below), with `@option(group, name, ...)` on its builder.
-Hydra's ConfigStore (runner/config/schema.py), the pure checks (runner/config/validate.py), the pre-flight probes
-(runner/preflight/needs.py) and the --help text (runner/config/helptext.py) all read it from here. Adding a strategy, cluster,
-data source or executor is one schema dataclass and one decorated builder in that module, plus one YAML file,
-conf/<group>/<name>.yaml, that selects `/schema/<group>/<name>`.
+An option is declared once, in its group's module (GROUPS below), with `@option(group, name, ...)` on its builder
+(or `register`). Hydra's ConfigStore (`schema.register`), the pure checks (`validate.check_config`), the pre-flight
+probes (`needs.preflight`) and the --help text (`helptext`) all read it from here. Adding a strategy, cluster or
+executor is one schema dataclass and one decorated builder in that module, plus one YAML file,
+conf/<group>/<name>.yaml, that selects `/schema/<group>/<name>`. The data group is a package: a new data source is
+a module of its own in runner.builders.data (found there, never listed) plus its YAML.
 
 No TensorFlow here, and none at the top of the group modules: config-only commands load all of them.
 """
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -41,12 +43,12 @@ GROUPS: dict[str, tuple] = {
         },
     ),
     "data": (
-        "runner.builders.data.sources",
+        "runner.builders.data",  # a package: every module in it may register data options
         {
             "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
             "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
-            # fn(data cfg, loaded source, train cfg, replicas, cluster, parameter_server) -> a `pipeline.Data`
-            # for a source that streams from files and builds its own tf.data pipeline (data=tfrecord); None: arrays
+            # fn(data cfg, loaded source, train cfg, *, cluster, parameter_server) -> a `pipeline.StreamedData`, for a
+            # source that streams from files and builds its own tf.data pipeline (data=tfrecord); None: arrays
             "pipeline": None,
         },
     ),
@@ -73,6 +75,7 @@ class Option:
 
 _options: dict[str, dict[str, Option]] = {group: {} for group in GROUPS}
 _intros: dict[str, str] = {}
+_loaded: set[str] = set()
 
 
 def register(group: str, name: str, *, schema: type, help: str, build: Callable | None = None, **caps) -> Option:
@@ -106,8 +109,13 @@ def intro(group: str) -> str:
 
 
 def options(group: str) -> dict[str, Option]:
-    """The group's options, in registration order (importing its module registers them)."""
-    importlib.import_module(GROUPS[group][0])
+    """The group's options, in registration order (importing its module registers them; a package's modules are
+    all imported, in name order, so that a new module there is all it takes to add an option)."""
+    if group not in _loaded:
+        module = importlib.import_module(GROUPS[group][0])
+        for found in sorted(pkgutil.iter_modules(getattr(module, "__path__", [])), key=lambda m: m.name):
+            importlib.import_module(f"{module.__name__}.{found.name}")
+        _loaded.add(group)  # listed once: the pure checks read the options again and again, with no I/O
     return _options[group]
 
 

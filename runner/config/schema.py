@@ -13,7 +13,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from runner.builders.data.sources import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
+from runner.builders.data.in_memory import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
 from runner.builders.model import Loss, Optimizer
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
 from runner.config import hydra_private, registry

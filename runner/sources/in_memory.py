@@ -34,7 +34,7 @@ class ArrayData:
         return 1 if self.y_train.ndim == 1 else int(self.y_train.shape[1])
 
 
-def _split(x, y, fraction, seed):
+def split(x, y, fraction, seed):
     order = np.random.default_rng(seed).permutation(len(x))
     n_eval = max(1, int(round(len(x) * fraction)))
     ev, tr = order[:n_eval], order[n_eval:]
@@ -70,7 +70,7 @@ def digits(cfg) -> ArrayData:
     bunch = load_digits()
     x = (bunch.data / 16.0).astype(np.float32)
     y = bunch.target.astype(np.int32)
-    return ArrayData(*_split(x, y, cfg.eval_fraction, cfg.seed), task="classification", num_classes=10)
+    return ArrayData(*split(x, y, cfg.eval_fraction, cfg.seed), task="classification", num_classes=10)
 
 
 def _read_npz(cfg) -> dict:
@@ -132,7 +132,7 @@ def npz(cfg) -> ArrayData:
                 f"{where}: {cfg.x_train!r} has {len(x)} example; holding out data.eval_fraction of it "
                 f"needs 2 or more (or give {cfg.x_eval!r} and {cfg.y_eval!r})."
             )
-        splits = _split(x, y, cfg.eval_fraction, cfg.seed)
+        splits = split(x, y, cfg.eval_fraction, cfg.seed)
     held_out = cfg.x_eval not in arrays
     x_train, x_eval = splits[0].astype(np.float32), splits[2].astype(np.float32)
     if cfg.task == "classification":
@@ -161,7 +161,7 @@ def describe(cfg) -> str:
 
 def load(cfg) -> ArrayData:
     """Load the source, then check it: lengths, shapes, dtypes, finite values, labels (runner/sources/checks.py)."""
-    data = registry.get("data", cfg.name).build(cfg)  # each source's loader, registered in runner/builders/data/sources.py
+    data = registry.get("data", cfg.name).build(cfg)  # each source's loader, registered in runner.builders.data
     if getattr(data, "streamed", False):
         return data  # data=tfrecord: files, checked record by record in runner/sources/tfrecord.py, never loaded here
     names = {k: cfg[k] for k in ("x_train", "y_train", "x_eval", "y_eval")} if cfg.name == "npz" else None

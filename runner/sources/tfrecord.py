@@ -1,5 +1,5 @@
 """data=tfrecord before TensorFlow: which files, which features, how many records. Every problem is a ConfigError
-naming the key and the file, found by the pre-flight probe (runner/builders/data/sources.py registers it) before
+naming the key and the file, found by the pre-flight probe (`registry.register` in runner.builders.data.tfrecord) before
 TensorFlow starts, rather than as a C++ error at the first step.
 
 The feature spec comes from the config (data.features, data.label, data.task, data.num_classes) or, for what the

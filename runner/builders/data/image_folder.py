@@ -14,9 +14,15 @@ Sharding, by input path (as data=tfrecord's, with the pairs in place of files):
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from runner.builders.data.pipeline import Data, epoch_steps, finish, worker_shard
+from omegaconf import MISSING
+
+from runner.builders.data.pipeline import DataConfig, StreamedData, batch_fits, epoch_steps, finish, streams_only
+from runner.config.fields import UINT32_MAX, choice, ranged
+from runner.config.registry import register
+from runner.errors import ConfigError
 
 log = logging.getLogger("runner")
 
@@ -39,11 +45,17 @@ def to_channels(image, channels: int):
     return tf.concat([rgb, alpha], axis=-1)
 
 
-@dataclass
-class ImageFolderData(Data):
-    source: Any  # runner.sources.image_folder.ImageFolderSource
-    workers: int  # training processes: the input is sharded over them
-    parameter_server: bool
+@dataclass(kw_only=True)
+class ImageFolderData(StreamedData):
+    # source: runner.sources.image_folder.ImageFolderSource
+
+    @property
+    def train_items(self):
+        return self.source.train
+
+    @property
+    def eval_items(self):
+        return self.source.eval
 
     def _load(self):
         import tensorflow as tf
@@ -60,9 +72,9 @@ class ImageFolderData(Data):
 
         return load
 
-    def _pipeline(self, pairs, batch_size, train: bool, shard=None):
-        """`shard`: (num_shards, index) to shard here (from_function, parameter_server); None leaves it to
-        tf.distribute's auto-shard rewrite (DATA)."""
+    def pipeline(self, pairs, batch_size, train: bool, shard=None):
+        """(path, class index) pairs, sharded before anything is read when `shard` is given; else tf.distribute's
+        auto-shard rewrite (DATA)."""
         import tensorflow as tf
 
         paths, labels = [p for p, _ in pairs], [label for _, label in pairs]
@@ -83,23 +95,8 @@ class ImageFolderData(Data):
             ds = ds.batch(batch_size)
         return finish(ds, self.prefetch, "OFF" if shard is not None else "DATA")
 
-    def train_dataset(self):
-        return self._pipeline(self.source.train, self.global_batch_size, train=True)
 
-    def eval_dataset(self):
-        return self._pipeline(self.source.eval, self.global_batch_size, train=False)
-
-    def dataset_fn(self, input_context):
-        batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-        if self.parameter_server:
-            shard = worker_shard(self.workers)
-        else:
-            shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return self._pipeline(self.source.train, batch, train=True, shard=shard)
-
-
-def build_image_folder_data(cfg, source, train_cfg, num_replicas: int, cluster=None, parameter_server=False):
-    workers = cluster.num_workers if cluster is not None else 1
+def build_image_folder_data(cfg, source, train_cfg, *, cluster=None, parameter_server=False) -> ImageFolderData:
     log.info(
         "data=image_folder: %d training and %d eval images of %d classes (%s), resized to %dx%d",
         len(source.train),
@@ -108,17 +105,62 @@ def build_image_folder_data(cfg, source, train_cfg, num_replicas: int, cluster=N
         ", ".join(source.classes[:10]) + (", ..." if len(source.classes) > 10 else ""),
         *source.image_size,
     )
-    return ImageFolderData(
-        arrays=None,
-        input=cfg.input,
-        global_batch_size=train_cfg.global_batch_size,
-        steps_per_epoch=epoch_steps(len(source.train), train_cfg, f"data.train_dir={cfg.train_dir!r}"),
-        shuffle=cfg.shuffle,
-        shuffle_buffer=cfg.shuffle_buffer,
-        cache=cfg.cache,
-        prefetch=cfg.prefetch,
-        seed=train_cfg.seed,
-        source=source,
-        workers=workers,
-        parameter_server=parameter_server,
-    )
+    steps = epoch_steps(len(source.train), train_cfg, f"data.train_dir={cfg.train_dir!r}")
+    return ImageFolderData.of(cfg, source, train_cfg, steps_per_epoch=steps, cluster=cluster, parameter_server=parameter_server)
+
+
+class ColorMode(StrEnum):  # data=image_folder's data.color_mode: the channels images are decoded to
+    rgb = "rgb"
+    grayscale = "grayscale"
+    rgba = "rgba"
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    train_dir: str = MISSING  # one sub-folder per class, the images in it (.png .jpg .jpeg .bmp .gif)
+    eval_dir: str | None = None  # the same class sub-folders; null: eval_fraction of train_dir is held out
+    eval_fraction: float = ranged(0.2, gt=0, lt=1)
+    seed: int = ranged(0, ge=0, le=UINT32_MAX)  # which files data.eval_fraction holds out
+    image_size: list[int] | None = ranged(None, ge=1)  # [height, width], required: every image is resized to it
+    color_mode: str = choice(ColorMode, "rgb")
+    scale: Any = None  # pixels are cast to float32 and multiplied by it: a number or a fraction; null: 1/255
+    verify_images: bool = True  # before TensorFlow starts, read each file's first bytes: is it an image?
+
+
+def scale_and_size(cfg):
+    """Pure: data.scale is a number or a fraction, data.image_size is [height, width] (required by image_folder)."""
+    from runner.sources.image_folder import parse_scale
+
+    streams_only(cfg)
+    parse_scale("data.scale", cfg.data.scale)
+    size = cfg.data.image_size
+    if (size is None and cfg.data.name == "image_folder") or (size is not None and len(size) != 2):
+        given = " is not set" if size is None else f"={list(size)} is not [height, width]"
+        raise ConfigError(
+            f"data.image_size{given}: data={cfg.data.name} resizes every image to it; give it, e.g. data.image_size=[64,64]."
+        )
+
+
+def _image_folder_source(cfg):
+    from runner.sources.image_folder import load_source
+
+    return load_source(cfg, verify=False)  # the probe read every image's signature moments ago
+
+
+def _image_folder_listed(cfg):
+    """The folders exist, hold two classes or more, and their files are images: before TensorFlow."""
+    from runner.sources.image_folder import load_source
+
+    batch_fits(cfg, len(load_source(cfg.data).train), f"data.train_dir={cfg.data.train_dir!r}")
+
+
+register(
+    "data",
+    "image_folder",
+    schema=ImageFolderDataConfig,
+    help="a directory of class sub-folders of images, decoded as streamed and sharded per worker",
+    build=_image_folder_source,
+    probe=_image_folder_listed,
+    check=scale_and_size,
+    pipeline=build_image_folder_data,
+)

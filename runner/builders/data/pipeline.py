@@ -1,5 +1,6 @@
-"""data -> tf.data pipelines of global batches, split across replicas as the guide describes, from the arrays of
-whichever source is selected (runner/builders/data/sources.py registers the sources).
+"""data -> tf.data pipelines of global batches, split across replicas as the guide describes: the schema every data
+option extends (`DataConfig`), the in-memory sources' pipelines (`Data`), the shape every streamed source shares
+(`StreamedData`), and `build_data`, which checks the batch and hands a streamed source to its own pipeline.
 
 `data.input` picks the guide's input path:
 - tf_data: a Dataset of global batches; Model.fit splits it, the custom loop uses experimental_distribute_dataset.
@@ -10,15 +11,42 @@ whichever source is selected (runner/builders/data/sources.py registers the sour
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import MISSING
 
 from runner.config import registry
+from runner.config.fields import choice, ranged
+from runner.config.registry import describe
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
     from runner.sources.in_memory import ArrayData  # NumPy: imported when loading, not by config-only commands
 
 log = logging.getLogger("runner")
+describe("data", "train and eval splits (data.input=tf_data, numpy or from_function picks the input path)")
+
+
+class Input(StrEnum):  # data.input: the guide's input paths (runner/builders/data/pipeline.py)
+    tf_data = "tf_data"
+    numpy = "numpy"
+    from_function = "from_function"
+
+
+class Task(StrEnum):
+    classification = "classification"  # integer labels, argmax over num_classes
+    regression = "regression"  # real-valued targets
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    input: str = choice(Input, "tf_data")
+    shuffle: bool = True
+    shuffle_buffer: int = ranged(10_000, ge=1, why="set data.shuffle=false not to shuffle")
+    cache: bool = False
+    prefetch: bool = True
 
 
 def finish(ds, prefetch: bool, auto_shard: str):
@@ -106,6 +134,66 @@ class Data:
         return strategy.experimental_distribute_dataset(self.eval_dataset())
 
 
+@dataclass(kw_only=True)
+class StreamedData(Data):
+    """The shape every streamed source shares (data=tfrecord, tfds, image_folder), written once: global batches
+    for the tf_data path, and a dataset_fn that shards by input pipeline (under parameter_server, by worker) for
+    from_function. A source says what it streams (`train_items`, `eval_items`) and how (`pipeline`)."""
+
+    source: Any  # what runner.sources found before TensorFlow: files, records, classes
+    workers: int = 1  # training processes: the input is sharded over them
+    parameter_server: bool = False
+
+    @property
+    def train_items(self):
+        raise NotImplementedError
+
+    @property
+    def eval_items(self):
+        raise NotImplementedError
+
+    def pipeline(self, items, batch_size: int, train: bool, shard=None):
+        """A tf.data pipeline of `items` in batches of `batch_size`, repeated when `train`. `shard`: (num_shards,
+        index) to shard here (from_function, parameter_server); None leaves it to tf.distribute's auto-shard."""
+        raise NotImplementedError
+
+    def train_dataset(self):
+        return self.pipeline(self.train_items, self.global_batch_size, train=True)
+
+    def eval_dataset(self):
+        return self.pipeline(self.eval_items, self.global_batch_size, train=False)
+
+    def dataset_fn(self, input_context):
+        batch = input_context.get_per_replica_batch_size(self.global_batch_size)
+        return self.pipeline(self.train_items, batch, train=True, shard=self.shard(input_context))
+
+    def shard(self, input_context):
+        """This input pipeline's (num_shards, index): by worker under parameter_server (TensorFlow gives each worker
+        the whole dataset), else by input pipeline."""
+        if self.parameter_server:
+            return worker_shard(self.workers)
+        return input_context.num_input_pipelines, input_context.input_pipeline_id
+
+    @classmethod
+    def of(cls, cfg, source, train_cfg, *, steps_per_epoch: int, cluster=None, parameter_server: bool = False, **own):
+        """The data config's common keys filled in; `own`: the source's own fields."""
+        return cls(
+            arrays=None,
+            input=cfg.input,
+            global_batch_size=train_cfg.global_batch_size,
+            steps_per_epoch=steps_per_epoch,
+            shuffle=cfg.shuffle,
+            shuffle_buffer=cfg.shuffle_buffer,
+            cache=cfg.cache,
+            prefetch=cfg.prefetch,
+            seed=train_cfg.seed,
+            source=source,
+            workers=cluster.num_workers if cluster is not None else 1,
+            parameter_server=parameter_server,
+            **own,
+        )
+
+
 def epoch_steps(records: int, train_cfg, what: str) -> int:
     """train.steps_per_epoch, else a streamed source's training records // the global batch."""
     gbs = train_cfg.global_batch_size
@@ -121,7 +209,6 @@ def epoch_steps(records: int, train_cfg, what: str) -> int:
 
 def build_data(cfg, arrays, train_cfg, num_replicas: int, cluster=None, parameter_server: bool = False) -> Data:
     """`cluster` and `parameter_server` say how a streamed source (data=tfrecord) shards its files over workers."""
-    from runner.sources.checks import check_batch_memory
 
     gbs = train_cfg.global_batch_size
     if gbs < num_replicas:
@@ -147,8 +234,16 @@ def build_data(cfg, arrays, train_cfg, num_replicas: int, cluster=None, paramete
             "/".join(map(str, shards)),
         )
     pipeline = registry.get("data", cfg.name).caps.pipeline
-    if pipeline is not None:  # data=tfrecord: files, streamed (runner/builders/data/tfrecord.py)
-        return pipeline(cfg, arrays, train_cfg, num_replicas, cluster, parameter_server)
+    if pipeline is not None:  # a streamed source (data=tfrecord, tfds, image_folder) builds its own pipeline
+        return pipeline(cfg, arrays, train_cfg, cluster=cluster, parameter_server=parameter_server)
+    return array_data(cfg, arrays, train_cfg)
+
+
+def array_data(cfg, arrays, train_cfg) -> Data:
+    """The in-memory pipeline of `arrays` (an ArrayData), refused when an epoch or a batch cannot be."""
+    from runner.sources.checks import check_batch_memory
+
+    gbs = train_cfg.global_batch_size
     n = len(arrays.x_train)
     if train_cfg.steps_per_epoch is None and n < gbs:
         raise ConfigError(
@@ -168,3 +263,17 @@ def build_data(cfg, arrays, train_cfg, num_replicas: int, cluster=None, paramete
         prefetch=cfg.prefetch,
         seed=train_cfg.seed,
     )
+
+
+def streams_only(cfg):
+    """Streamed sources (their own pipeline=) cannot give Model.fit arrays."""
+    if cfg.data.input == Input.numpy:
+        raise ConfigError(
+            f"data.input=numpy needs the data in memory, and data={cfg.data.name} streams it from files; "
+            "use data.input=tf_data or data.input=from_function."
+        )
+
+
+def batch_fits(cfg, records: int, what: str):
+    """An epoch needs one full global batch (the steps are records // batch) unless train.steps_per_epoch is set."""
+    epoch_steps(records, cfg.train, what)

@@ -18,16 +18,27 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from runner.builders.data.pipeline import Data, epoch_steps, finish, worker_shard
+from omegaconf import MISSING
+
+from runner.builders.data.image_folder import scale_and_size
+from runner.builders.data.pipeline import DataConfig, StreamedData, batch_fits, epoch_steps, finish
+from runner.config.fields import ranged
+from runner.config.registry import register
 
 log = logging.getLogger("runner")
 
 
-@dataclass
-class TFDSData(Data):
-    source: Any  # runner.sources.tfds_prepared.TFDSSource
-    workers: int
-    parameter_server: bool
+@dataclass(kw_only=True)
+class TFDSData(StreamedData):
+    # source: runner.sources.tfds_prepared.TFDSSource
+
+    @property
+    def train_items(self):
+        return self.source.split_train
+
+    @property
+    def eval_items(self):
+        return self.source.split_eval
 
     def _builder(self):
         import tensorflow_datasets as tfds
@@ -53,7 +64,7 @@ class TFDSData(Data):
 
         return example
 
-    def _pipeline(self, split, batch_size, train: bool, shard=None, context=None):
+    def pipeline(self, split, batch_size, train: bool, shard=None, context=None):
         """`context`: an InputContext for tfds to shard the files by; `shard`: (num_shards, index) to shard the
         examples; neither leaves it to tf.distribute's auto-shard rewrite (DATA). Images stay encoded (a few KB
         each) through the cache and the shuffle buffer and are decoded after them: a buffer of data.shuffle_buffer
@@ -78,26 +89,17 @@ class TFDSData(Data):
         ds = ds.batch(batch_size, drop_remainder=train)
         return finish(ds, self.prefetch, "DATA" if shard is None and context is None else "OFF")
 
-    def train_dataset(self):
-        return self._pipeline(self.source.split_train, self.global_batch_size, train=True)
-
-    def eval_dataset(self):
-        return self._pipeline(self.source.split_eval, self.global_batch_size, train=False)
-
     def dataset_fn(self, input_context):
-
+        """As every streamed source's, except that tfds shards by file itself when the split has a file per pipeline."""
         batch = input_context.get_per_replica_batch_size(self.global_batch_size)
         split = self.source.split_train
-        if self.parameter_server:
-            return self._pipeline(split, batch, train=True, shard=worker_shard(self.workers))
-        if len(self._builder().info.splits[split].file_instructions) >= input_context.num_input_pipelines:
-            return self._pipeline(split, batch, train=True, context=input_context)  # by file
-        shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return self._pipeline(split, batch, train=True, shard=shard)  # by example
+        files = len(self._builder().info.splits[split].file_instructions)
+        if not self.parameter_server and files >= input_context.num_input_pipelines:
+            return self.pipeline(split, batch, train=True, context=input_context)  # by file
+        return self.pipeline(split, batch, train=True, shard=self.shard(input_context))  # by example
 
 
-def build_tfds_data(cfg, source, train_cfg, num_replicas: int, cluster=None, parameter_server=False):
-    workers = cluster.num_workers if cluster is not None else 1
+def build_tfds_data(cfg, source, train_cfg, *, cluster=None, parameter_server=False) -> TFDSData:
     log.info(
         "data=tfds: %s (%s), %d training examples in %r, eval on %r, input %s, %d classes",
         cfg.dataset,
@@ -108,17 +110,45 @@ def build_tfds_data(cfg, source, train_cfg, num_replicas: int, cluster=None, par
         "x".join(map(str, source.input_shape)),
         source.num_classes,
     )
-    return TFDSData(
-        arrays=None,
-        input=cfg.input,
-        global_batch_size=train_cfg.global_batch_size,
-        steps_per_epoch=epoch_steps(source.train_records, train_cfg, f"data.split_train={source.split_train!r}"),
-        shuffle=cfg.shuffle,
-        shuffle_buffer=cfg.shuffle_buffer,
-        cache=cfg.cache,
-        prefetch=cfg.prefetch,
-        seed=train_cfg.seed,
-        source=source,
-        workers=workers,
-        parameter_server=parameter_server,
-    )
+    steps = epoch_steps(source.train_records, train_cfg, f"data.split_train={source.split_train!r}")
+    return TFDSData.of(cfg, source, train_cfg, steps_per_epoch=steps, cluster=cluster, parameter_server=parameter_server)
+
+
+@dataclass
+class TFDSDataConfig(DataConfig):
+    dataset: str = MISSING  # a TensorFlow Datasets name, built beforehand: mnist, or name/config
+    data_dir: str | None = None  # null: $TFDS_DATA_DIR, else ~/tensorflow_datasets (tfds's own default)
+    version: str | None = None  # null: the newest version built in data_dir
+    split_train: str = "train"  # a split of the dataset, or tfds's slicing syntax: train[:80%]
+    split_eval: str | None = None  # null: test, else validation, whichever the dataset has
+    image_key: str | None = None  # the input feature; null: the dataset's supervised_keys
+    label_key: str | None = None  # the label feature (a ClassLabel); null: the dataset's supervised_keys
+    image_size: list[int] | None = ranged(None, ge=1, null="the dataset's own shape")  # [height, width]: resized to
+    scale: Any = None  # inputs are cast to float32 and multiplied by it: a number or a fraction (1/255); null: 1/255
+    # for uint8 features, else 1
+
+
+def _tfds_source(cfg):
+    from runner.sources.tfds_prepared import load_source  # imports tensorflow_datasets: when training starts
+
+    return load_source(cfg)
+
+
+def _tfds_built(cfg):
+    """The dataset is built in data.data_dir at the version, with the splits and features named: before TensorFlow."""
+    from runner.sources.tfds_prepared import check
+
+    _, train_examples = check(cfg.data)
+    batch_fits(cfg, train_examples, f"data.split_train={cfg.data.split_train!r}")
+
+
+register(
+    "data",
+    "tfds",
+    schema=TFDSDataConfig,
+    help="a TensorFlow Datasets dataset already built in data.data_dir (never downloaded), streamed and sharded per worker",
+    build=_tfds_source,
+    probe=_tfds_built,
+    check=scale_and_size,
+    pipeline=build_tfds_data,
+)

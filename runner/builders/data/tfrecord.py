@@ -23,9 +23,14 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from runner.builders.data.pipeline import Data, finish, worker_shard
+from omegaconf import MISSING
+
+from runner.builders.data.pipeline import DataConfig, StreamedData, finish, streams_only
+from runner.config.fields import choice, ranged
+from runner.config.registry import register
 from runner.errors import ConfigError
 from runner.sources.tfrecord import ID_FEATURE, remote
 
@@ -33,13 +38,11 @@ POLICIES = {"file": "FILE", "data": "DATA", "off": "OFF"}
 log = logging.getLogger("runner")
 
 
-@dataclass
-class TFRecordData(Data):
-    source: Any  # runner.sources.tfrecord.TFRecordSource
+@dataclass(kw_only=True)
+class TFRecordData(StreamedData):
+    # source: runner.sources.tfrecord.TFRecordSource
     shard_policy: str  # auto | file | data | off
     num_parallel_reads: int
-    workers: int  # training processes: the input is sharded over them
-    parameter_server: bool
     worker: int  # this task's worker index (the id log); under parameter_server the dataset_fn asks TensorFlow
     ids_file: str | None  # data.record_ids_dir/<task>.txt
 
@@ -90,9 +93,17 @@ class TFRecordData(Data):
 
         return parse
 
-    def _pipeline(self, files, batch_size, train: bool, shard=None):
-        """`shard`: (num_shards, index) to shard here (from_function, parameter_server); None leaves it to
-        tf.distribute's auto-shard rewrite, told the policy through the dataset's options."""
+    @property
+    def train_items(self):
+        return self.source.train_files
+
+    @property
+    def eval_items(self):
+        return self.source.eval_files
+
+    def pipeline(self, files, batch_size, train: bool, shard=None):
+        """Files, sharded (by file or record, as `policy` says) when `shard` is given; else tf.distribute's auto-shard
+        rewrite is told the policy through the dataset's options."""
         import tensorflow as tf
 
         files = self._files(files)
@@ -123,20 +134,6 @@ class TFRecordData(Data):
         ds = ds.map(self._parse(with_ids, worker), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return finish(ds, self.prefetch, "OFF" if shard is not None else POLICIES[policy])
 
-    def train_dataset(self):
-        return self._pipeline(self.source.train_files, self.global_batch_size, train=True)
-
-    def eval_dataset(self):
-        return self._pipeline(self.source.eval_files, self.global_batch_size, train=False)
-
-    def dataset_fn(self, input_context):
-        batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-        if self.parameter_server:
-            shard = worker_shard(self.workers)
-        else:
-            shard = (input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return self._pipeline(self.source.train_files, batch, train=True, shard=shard)
-
     def strip_ids(self, batch):
         """A training batch as (x, y). With data.record_ids_dir, first write its (worker, id) pairs, after the
         replica's id, to this task's file: the records this replica consumed in this step."""
@@ -159,7 +156,7 @@ def _worker_index(cluster) -> int:
     return cluster.task_id + (1 if cluster.task_type == "worker" and "chief" in cluster.jobs else 0)
 
 
-def build_tfrecord_data(cfg, source, train_cfg, num_replicas: int, cluster=None, parameter_server=False) -> TFRecordData:
+def build_tfrecord_data(cfg, source, train_cfg, *, cluster=None, parameter_server=False) -> TFRecordData:
     gbs = train_cfg.global_batch_size
     workers = cluster.num_workers if cluster is not None else 1
     steps = train_cfg.steps_per_epoch
@@ -194,21 +191,15 @@ def build_tfrecord_data(cfg, source, train_cfg, num_replicas: int, cluster=None,
         os.makedirs(cfg.record_ids_dir, exist_ok=True)
         task = cluster.task.replace(":", "-") if cluster is not None else "local"
         ids_file = os.path.abspath(os.path.join(cfg.record_ids_dir, f"{task}.txt"))
-    data = TFRecordData(
-        arrays=None,
-        input=cfg.input,
-        global_batch_size=gbs,
+    data = TFRecordData.of(
+        cfg,
+        source,
+        train_cfg,
         steps_per_epoch=steps,
-        shuffle=cfg.shuffle,
-        shuffle_buffer=cfg.shuffle_buffer,
-        cache=cfg.cache,
-        prefetch=cfg.prefetch,
-        seed=train_cfg.seed,
-        source=source,
+        cluster=cluster,
+        parameter_server=parameter_server,
         shard_policy=cfg.shard_policy,
         num_parallel_reads=cfg.num_parallel_reads,
-        workers=workers,
-        parameter_server=parameter_server,
         worker=_worker_index(cluster),
         ids_file=ids_file,
     )
@@ -217,3 +208,59 @@ def build_tfrecord_data(cfg, source, train_cfg, num_replicas: int, cluster=None,
 
         verify(data)
     return data
+
+
+class SpecTask(StrEnum):  # data=tfrecord's data.task: what the spec file says unless set
+    auto = "auto"
+    classification = "classification"
+    regression = "regression"
+
+
+class ShardPolicy(StrEnum):  # data.shard_policy -> tf.data.experimental.AutoShardPolicy (runner/builders/data/tfrecord.py)
+    auto = "auto"  # by file when every worker gets a file, else by record
+    file = "file"  # each worker reads its own files
+    data = "data"  # every worker reads every file and keeps its own records
+    off = "off"  # every worker reads everything
+
+
+@dataclass
+class TFRecordDataConfig(DataConfig):
+    # A glob pattern or a list of patterns/files: local paths, or anything tf.io.gfile reads (gs://...).
+    train_files: Any = MISSING
+    eval_files: Any = None  # None: evaluate on the training files
+    # {name: {dtype: float32|int64, shape: [...]}}; null: the spec file runner.export writes beside the files
+    # (tfrecord.json). Untyped for Hydra, which cannot add keys to a typed dict from the command line: checked in
+    # runner/sources/tfrecord.py instead.
+    features: Any = None
+    label: str | None = None  # the feature that is the label; null: the spec file's
+    task: str = choice(SpecTask, "auto")  # auto: the spec file's, else classification
+    num_classes: int | None = ranged(None, ge=2, null="the spec file's")
+    shard_policy: str = choice(ShardPolicy, "auto")
+    num_parallel_reads: int = ranged(4, ge=1)  # files read at once (interleave)
+    record_ids_dir: str | None = None  # debug: log the `id` of every record each replica trains on, one file per task
+    verify: bool = False  # read every record of every file before training: checksums, spec, labels
+
+
+def _tfrecord_source(cfg):
+    from runner.sources.tfrecord import load_source
+
+    return load_source(cfg)
+
+
+def _tfrecord_files_readable(cfg):
+    """Files match, are TFRecord, and hold the spec's features: checked before TensorFlow starts."""
+    from runner.sources.tfrecord import load_source
+
+    load_source(cfg.data, count=False)
+
+
+register(
+    "data",
+    "tfrecord",
+    schema=TFRecordDataConfig,
+    help="TFRecord files of tf.train.Example, streamed and sharded per worker (python -m runner.export writes them)",
+    build=_tfrecord_source,
+    probe=_tfrecord_files_readable,
+    check=streams_only,
+    pipeline=build_tfrecord_data,
+)

@@ -7,8 +7,6 @@ import logging
 import os
 import time
 
-import numpy as np
-
 from runner.errors import DataError
 
 BATCH = 1024  # records per read: big enough that TensorFlow's per-batch cost vanishes
@@ -29,6 +27,7 @@ def _first_bad(tf, path: str, start: int, parse) -> int:
 
 def verify(data) -> None:
     """Read data.source's train and eval files through `data`'s parser; DataError at the first bad record."""
+    import numpy as np
     import tensorflow as tf
 
     from runner.sources.faults import tf_says
