@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from netns_cluster import NetnsCluster, Tasks  # noqa: E402  (tests/netns_cluster.py, shared with tests/test_netns.py)
+from netns_cluster import NetnsCluster, Tasks  # noqa: E402  (tests/netns_cluster.py, shared with tests/e2e/test_netns.py)
 
 COMMON = [
     "executor=custom_loop",

@@ -3,7 +3,7 @@
 They are kept only where they make the training loop measurably faster (docs/benchmarks.md, "Why the executors
 are built this way") or where TensorFlow offers no public way at all (resuming Model.fit inside an epoch; asking
 a PreemptionCheckpointHandler whether it acts on this platform).
-tests/test_tf_private.py fails loudly when a TensorFlow release moves any of them; until then the fallbacks keep
+tests/unit/test_tf_private.py fails loudly when a TensorFlow release moves any of them; until then the fallbacks keep
 runs correct, only slower (or, for the resume hook, starting again at the epoch's first step, with a warning).
 """
 

@@ -32,7 +32,7 @@ FAST = [
     "train.optimizer.learning_rate=0.3",
 ]
 
-# A cluster test's job: 4 steps of 64, every step logged (tests/test_slurm.py, tests/test_ray.py).
+# A cluster test's job: 4 steps of 64, every step logged (tests/e2e/test_slurm.py, tests/e2e/test_ray.py).
 CLUSTER_TINY = [
     "data.num_examples=512",
     "data.eval_examples=128",

@@ -1,7 +1,7 @@
 """Schema field helpers: a field's default, declared once, beside its valid range or its valid choices.
 
 Defaults live only in the schema dataclasses (runner/config/schema.py and the option schemas in runner/builders/); the
-YAML files in conf/ select options and override values but never restate a default (tests/test_registry.py fails
+YAML files in conf/ select options and override values but never restate a default (tests/unit/config/test_registry.py fails
 if one does). runner/config/validate.py checks every declared range and choice with one generic walk each.
 """
 
@@ -36,8 +36,8 @@ def choice(kind: type[Enum], default) -> Any:
 
     The field stays a plain `str` for Hydra on purpose: typed as the Enum, Hydra would refuse a bad value while
     composing (exit 1, its own message, before any runner code), and the runner's contract is one readable paragraph
-    with exit 2 that names the valid values (tests/test_errors.py, tests/test_config.py). runner/config/validate.py checks
-    the value against `kind`; the Enum is the one list of valid values, which the builders use too.
+    with exit 2 that names the valid values (tests/e2e/test_errors.py, tests/unit/config/test_config.py).
+    `validate.check_config` checks the value against `kind`; the Enum is the one list of valid values, which the builders use too.
     """
     return field(default=kind(default).value, metadata={"choices": kind})
 

@@ -1,8 +1,8 @@
-"""The config-group section of `python -m runner --help`, generated from the registry (runner/config/registry.py) and conf/.
+"""The config-group section of `python -m runner --help`, generated from the registry and conf/.
 
 Hydra's help template is a static string (conf/hydra/help/runner.yaml), so the section is written into it:
-`python -m runner.config.helptext` rewrites it after an option is added or changed, and tests/test_registry.py fails while
-the file and the registry disagree. Each group is one line of its options (the default first: the defaults list of
+`python -m runner.config.helptext` rewrites it after an option is added or changed, and a test of the registry fails
+while the file and the registry disagree. Each group is one line of its options (the default first: the defaults list of
 conf/config.yaml) and what the group is where that fits, then one line per option, the default marked `*`. A
 registered option's line is its `help`; the groups without a registry (model: any `_target_`; experiment: presets)
 have a line per YAML file, the first sentence of the file's leading comment: a new model or preset is described by

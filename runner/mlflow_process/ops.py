@@ -64,7 +64,7 @@ def warm_up() -> None:
 
 class _Pyfunc:
     """mlflow.pyfunc as Model.log's flavor, minus its serving check of the input example: that check loads the model,
-    and TensorFlow with it, in this process (4-8 s at the end of every run). tests/test_mlflow_features.py loads and
+    and TensorFlow with it, in this process (4-8 s at the end of every run). tests/e2e/test_mlflow_features.py loads and
     serves the logged model instead."""
 
     __name__ = "mlflow.pyfunc"

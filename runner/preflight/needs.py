@@ -182,7 +182,7 @@ def weights_file_problem(path: str) -> str | None:
             hdf5 = _hdf5_at(f, size)
     except OSError as err:
         return f"it cannot be read ({err.strerror or err})"
-    if size == 0:  # a placeholder (tests/test_keras_app.py makes one): the builder's load names it
+    if size == 0:  # a placeholder (tests/unit/test_models.py makes one): the builder's load names it
         return None
     if not hdf5:
         if zipfile.is_zipfile(path):

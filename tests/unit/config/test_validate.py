@@ -1,4 +1,4 @@
-"""Bad inputs beyond the matrix of tests/test_errors.py (issue 14): values out of range, malformed .npz data,
+"""Bad inputs beyond the matrix of tests/e2e/test_errors.py (issue 14): values out of range, malformed .npz data,
 devices that do not exist, directories that cannot be written, batches that cannot fit in memory.
 
 The contract: the run ends before its first step with ONE paragraph naming the key or file and the value, exit

@@ -1,5 +1,5 @@
 """The in-process benchmarks at tiny sizes (no timing assertions: figures are for docs/). `benchmarks.run` runs
-from README's own commands, in tests/test_readme.py."""
+from README's own commands, in tests/e2e/test_readme.py."""
 
 import subprocess
 import sys

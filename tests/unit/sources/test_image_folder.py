@@ -1,7 +1,7 @@
 """data=image_folder: the listing before TensorFlow (classes, counts, the held-out split) and every bad folder a user
 makes, refused by the checks and the pre-flight probe with one paragraph naming the key and the path (fast, no
 TensorFlow). PNGs are written in plain Python (tests/helpers.py). Training on a folder is README's example, run by
-tests/test_readme.py (grayscale over 2 replicas, on PNGs and a BMP)."""
+tests/e2e/test_readme.py (grayscale over 2 replicas, on PNGs and a BMP)."""
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -33,7 +33,7 @@ def composed(**data):
 
 
 def refused(**data) -> str:
-    """The checks, then the data probe (the generic probes are tests/test_probes.py's)."""
+    """The checks, then the data probe (the generic probes are tests/unit/preflight/test_probes.py's)."""
     cfg = composed(**data)
     with pytest.raises(ConfigError) as err:
         validate.check_config(cfg)

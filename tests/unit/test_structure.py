@@ -8,7 +8,7 @@ cannot be read, tested or moved one at a time, so any cycle fails here.
 import ast
 import pathlib
 
-RUNNER = pathlib.Path(__file__).resolve().parent.parent / "runner"
+RUNNER = pathlib.Path(__file__).resolve().parents[2] / "runner"
 
 
 def _modules(root: pathlib.Path = RUNNER) -> dict:

@@ -191,12 +191,12 @@ ROWS = {
 }
 # Rows of docs/reliability.md that other tests cover, and where.
 ELSEWHERE = {
-    "old-file-store": "tests/test_errors.py::test_old_file_store_gets_a_migration_hint",
-    "uneven-batch": "tests/test_inputs.py::test_guide_example_runs_uneven_batches_on_four_replicas",
-    "keras-app-imagenet": "tests/test_keras_app.py::test_refusal_comes_from_the_cli_without_importing_tensorflow",
-    "keras-app-weights-missing": "tests/test_keras_app.py::test_weights_path_that_does_not_exist_is_refused_by_preflight",
-    "keras-app-unknown-application": "tests/test_keras_app.py::test_bad_keras_app_models_are_refused_when_built",
-    "keras-app-input-too-small": "tests/test_keras_app.py::test_bad_keras_app_models_are_refused_when_built",
+    "old-file-store": "tests/e2e/test_errors.py::test_old_file_store_gets_a_migration_hint",
+    "uneven-batch": "tests/e2e/test_inputs.py::test_guide_example_runs_uneven_batches_on_four_replicas",
+    "keras-app-imagenet": "tests/unit/test_models.py::test_refusal_comes_from_the_cli_without_importing_tensorflow",
+    "keras-app-weights-missing": "tests/unit/test_models.py::test_weights_path_that_does_not_exist_is_refused_by_preflight",
+    "keras-app-unknown-application": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
+    "keras-app-input-too-small": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
 }
 # Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.
 SLOW = {k for k, r in ROWS.items() if r.run or k.startswith("tpu-")}

@@ -1,6 +1,6 @@
 """strategy=auto: which strategy it picks from the cluster, the GPUs and the logical CPUs, before TensorFlow (the
 rules are in runner/builders/strategy_auto.py); and that validate hands every later step the chosen strategy.
-README's `python -m runner devices.logical_cpus=4` runs it end to end (tests/test_readme.py checks the tag)."""
+README's `python -m runner devices.logical_cpus=4` runs it end to end (tests/e2e/test_readme.py checks the tag)."""
 
 import json
 import subprocess

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ pytestmark = pytest.mark.slow  # end to end: each test trains through `python -m
 
 EXPERIMENT = "inputs"
 MIRRORED2 = ["strategy=mirrored", "devices.logical_cpus=2"]
-USER = Path(__file__).parent / "user_project"
+USER = ROOT / "tests" / "user_project"
 USER_DATA = [
     "data=function",
     "data.shuffle=false",

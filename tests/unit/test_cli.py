@@ -246,7 +246,7 @@ def _refused(*overrides, kind=ConfigCompositionException) -> str:
 @pytest.mark.parametrize(
     "override,needles",
     [
-        # tests/test_errors.py's rows keep Hydra's own words in the paragraph
+        # tests/e2e/test_errors.py's rows keep Hydra's own words in the paragraph
         (
             "train.epoch=3",
             [

@@ -2,13 +2,12 @@
 
 The config's refusals are checked without TensorFlow; the models are built in process from the composed config with
 the runner's own builder and trained two steps (no subprocess: none is needed to build a model). The multi-replica
-run of a BatchNorm model through `python -m runner` is README's keras_app example (tests/test_readme.py).
+run of a BatchNorm model through `python -m runner` is README's keras_app example (tests/e2e/test_readme.py).
 """
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,11 +19,11 @@ from runner.config.validate import check_config
 from runner.errors import ConfigError
 from runner.preflight import needs
 
-from helpers import composed
+from helpers import ROOT, composed
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
-USER = Path(__file__).parent / "user_project"
+USER = ROOT / "tests" / "user_project"
 DIGITS = ["model=keras_app", "data=digits", "model.resize_to=[32,32]"]
 
 

@@ -1,6 +1,6 @@
 """data=tfrecord before TensorFlow (runner/sources/tfrecord_format.py, runner/sources/tfrecord.py): record framing and
 counting, the Example reader, and every bad input the pre-flight probe refuses, naming the key and the file. Files are
-written here in plain Python (a small Example encoder below); tests/test_tfrecord.py checks the same readers against
+written here in plain Python (a small Example encoder below); tests/e2e/test_tfrecord.py checks the same readers against
 files TensorFlow wrote."""
 
 import json

@@ -157,7 +157,7 @@ def test_the_probe_reads_what_tfds_wrote(tfds_dir):
 def test_training_on_a_prepared_dataset(runner, tfds_dir):
     """The custom loop over 2 replicas, data.input=from_function (tfds's ReadConfig input_context, or examples when
     the split has fewer files than pipelines), a slice of train: 96 examples // 16 = 6 steps, counted by tfds from
-    the dataset's info as the probe counted them. README's examples (tests/test_readme.py) run the other paths:
+    the dataset's info as the probe counted them. README's examples (tests/e2e/test_readme.py) run the other paths:
     data=tfds under Model.fit, data=image_folder grayscale over 2 replicas on PNGs and a BMP."""
     args = ["data=tfds", "data.dataset=mnist", f"data.data_dir={tfds_dir}", "data.split_train='train[:75%]'"]
     args += ["data.input=from_function", "strategy=mirrored", "devices.logical_cpus=2", "executor=custom_loop"]

@@ -1,4 +1,4 @@
-"""runner/sources/checks.py, beyond the cases tests/test_bad_inputs.py draws: what passes, each kind of array it refuses,
+"""runner.sources.checks, beyond the cases test_validate.py draws: what passes, each kind of array it refuses,
 custom array names in messages, and the memory estimates. NumPy only."""
 
 import numpy as np

@@ -131,7 +131,7 @@ def kind_of(tokens):
     if "strategy=tpu" in args:
         return "tpu", None  # runs: without a TPU README promises an error within seconds
     if "cluster=ray" in args:
-        return "ray", None  # starts its own local Ray head, as README says: run on its own (tests/test_ray.py for the rest)
+        return "ray", None  # starts its own local Ray head, as README says: run on its own (tests/e2e/test_ray.py for the rest)
     if "cluster=localhost" in args:
         return ("resume" if any(a.startswith("resume=") for a in args) else "cluster"), None
     if tokens[0].startswith("PYTHONPATH="):
@@ -145,7 +145,7 @@ COMMANDS = readme_commands()
 def test_every_readme_command_has_a_test():
     assert len(COMMANDS) >= 25, "README's commands were not found: has its ```bash layout changed?"
     unknown = [key(c) for c in COMMANDS if kind_of(c)[0] == "unknown"]
-    assert not unknown, f"README commands with no test in tests/test_readme.py: {unknown}"
+    assert not unknown, f"README commands with no test in tests/e2e/test_readme.py: {unknown}"
 
 
 def test_ci_runs_the_readme_setup():

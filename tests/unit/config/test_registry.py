@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 from runner.config import fields, helptext, registry, schema, validate
 from runner.errors import ConfigError
 
-from helpers import composed
+from helpers import ROOT, composed
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = ROOT / "conf"
 
 
 def _yaml(path: Path) -> dict:

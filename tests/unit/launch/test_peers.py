@@ -1,5 +1,5 @@
 """runner/launch/peers.py: TensorFlow's errors when a peer is lost, as TF 2.21 words them (copied from real runs across
-network namespaces, tests/test_netns.py), turned into one message naming the task. No TensorFlow needed."""
+network namespaces, tests/e2e/test_netns.py), turned into one message naming the task. No TensorFlow needed."""
 
 from runner.errors import ClusterError
 from runner.launch import peers

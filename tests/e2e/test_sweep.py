@@ -1,4 +1,4 @@
-"""Multirun sweeps: MLflow parent and child runs, a failing job, the report (README's joblib sweep: tests/test_readme.py),
+"""Multirun sweeps: MLflow parent and child runs, a failing job, the report (README's joblib sweep: tests/e2e/test_readme.py),
 experiment presets, and the dashboard checked in headless Chromium."""
 
 import csv
