@@ -11,6 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def runner_imports(argv, modules=("tensorflow",), cwd=ROOT, timeout=120):
+    """Run `python -m runner *argv` in a fresh interpreter; (the finished process, which of `modules` it had imported
+    when it exited): the probe of every config-only path (--help, --cfg, refusals) that must not import TensorFlow."""
+    probe = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print('LOADED=' + repr(sorted(m for m in {tuple(modules)!r} if m in sys.modules))))\n"
+        f"sys.argv = ['runner', *{list(argv)!r}]\n"
+        "import runpy; runpy.run_module('runner', run_name='__main__')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    marks = [line for line in done.stdout.splitlines() if line.startswith("LOADED=")]
+    assert marks, done.stdout[-2000:] + done.stderr[-2000:]
+    return done, eval(marks[-1][len("LOADED=") :])
+
+
 def composed(*overrides, hydra: bool = False):
     """The root config as `python -m runner <overrides>` composes it (Hydra's compose API: nothing runs)."""
     from hydra import compose, initialize_config_module

@@ -7,14 +7,12 @@ cannot be imported."""
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 
-from helpers import CLUSTER_TINY, ROOT, LiveRun, mlflow_run_by_name, run_runner
+from helpers import CLUSTER_TINY, LiveRun, mlflow_run_by_name, run_runner, runner_imports
 
 pytestmark = pytest.mark.slow  # end to end: a Ray head, and `python -m runner` clusters of real task processes
 
@@ -158,14 +156,8 @@ def test_a_killed_ray_worker_stops_a_multi_worker_mirrored_job(ray_cluster, stor
 
 @pytest.mark.parametrize("flag", ["--help", "--cfg"])
 def test_config_only_paths_import_neither_tensorflow_nor_ray(flag):
-    probe = (
-        "import atexit, sys\n"
-        "atexit.register(lambda: print('LOADED=' + str([m for m in ('tensorflow', 'ray') if m in sys.modules])))\n"
-        f"sys.argv = ['runner', {flag!r}, *(['job'] if {flag!r} == '--cfg' else []), 'cluster=ray']\n"
-        "import runpy; runpy.run_module('runner', run_name='__main__')\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert "LOADED=[]" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    done, loaded = runner_imports([flag, *(["job"] if flag == "--cfg" else []), "cluster=ray"], modules=("tensorflow", "ray"))
+    assert loaded == [], done.stdout[-2000:] + done.stderr[-2000:]
     assert "ray" in done.stdout  # --help lists cluster=ray; --cfg job shows it composed
 
 

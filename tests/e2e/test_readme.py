@@ -250,19 +250,19 @@ def run_training(scratch, tokens):
 
 
 def run_user_config(scratch, tokens):
-    """README's own-model example: its YAML block written to myconf/, its model function importable from cwd."""
+    """README's own-model and own-data examples: the YAML block written to myconf/, the functions README names
+    (tests/user_project's) importable from cwd."""
     text = README.read_text()
     block = re.search(r"```yaml\n# (myconf/\S+)\n(.*?)```", text, re.S)
     assert block, "README's myconf/ YAML example not found"
     project = scratch.root / "user-project"
     (project / Path(block.group(1)).parent).mkdir(parents=True, exist_ok=True)
     (project / block.group(1)).write_text(block.group(2))
-    target = yaml.safe_load(block.group(2))["_target_"]
-    module = target.split(".")[0]
-    (project / f"{module}.py").write_text((ROOT / "tests" / "user_project" / f"{module}.py").read_text())
+    for module in (ROOT / "tests" / "user_project").glob("*.py"):  # the model's and the data's functions README names
+        (project / module.name).write_text(module.read_text())
     env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
     argv = [t for t in tokens if not re.match(r"^[A-Z_]+=", t)]
-    run_dir = scratch.dir("user-model")
+    run_dir = scratch.dir(key(_runner_args(argv)))
     proc = scratch.run(
         [*_python(argv), *TINY, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={scratch.uri}"],
         cwd=project,

@@ -3,8 +3,6 @@ rules are in runner/builders/strategy_auto.py); and that validate hands every la
 README's `python -m runner devices.logical_cpus=4` runs it end to end (tests/e2e/test_readme.py checks the tag)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +10,7 @@ from runner.builders import strategy_auto
 from runner.config import schema
 from runner.config.validate import check_config
 
-from helpers import ROOT, composed
+from helpers import composed, runner_imports
 
 schema.register()
 
@@ -92,11 +90,5 @@ def test_a_chosen_strategys_own_keys_need_it_by_name():
 
 @pytest.mark.slow  # starts `python -m runner --cfg job`
 def test_cfg_job_shows_auto_without_tensorflow():
-    probe = (
-        "import atexit, sys\n"
-        "atexit.register(lambda: print('TF_LOADED=' + str('tensorflow' in sys.modules)))\n"
-        "sys.argv = ['runner', '--cfg', 'job', 'devices.logical_cpus=4']\n"
-        "import runpy; runpy.run_module('runner', run_name='__main__')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
-    assert "strategy:\n  name: auto" in out and "TF_LOADED=False" in out
+    done, loaded = runner_imports(["--cfg", "job", "devices.logical_cpus=4"])
+    assert "strategy:\n  name: auto" in done.stdout and loaded == []

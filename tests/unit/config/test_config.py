@@ -1,8 +1,5 @@
 """Config-only behaviour: composition, schemas, validation, and no TensorFlow import on these paths."""
 
-import subprocess
-import sys
-
 import pytest
 from omegaconf import OmegaConf
 
@@ -10,7 +7,7 @@ from runner.config import schema
 from runner.config.validate import validate
 from runner.errors import ConfigError
 
-from helpers import composed
+from helpers import composed, runner_imports
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
@@ -81,12 +78,5 @@ def test_validation_names_the_bad_value(overrides, needle):
 
 @pytest.mark.slow  # end to end: runs the runner in a subprocess
 def test_config_only_commands_do_not_import_tensorflow():
-    probe = (
-        "import atexit, sys\n"
-        "atexit.register(lambda: print('TF_LOADED=' + str('tensorflow' in sys.modules)))\n"
-        "sys.argv = ['runner', '--cfg', 'job', 'strategy=mirrored']\n"
-        "import runpy; runpy.run_module('runner', run_name='__main__')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
-    assert "name: mirrored" in out
-    assert "TF_LOADED=False" in out
+    done, loaded = runner_imports(["--cfg", "job", "strategy=mirrored"])
+    assert "name: mirrored" in done.stdout and loaded == []
