@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from runner.config import layout
 from runner.config.redact import redact, redact_uri
 from runner.mlflow_process import delivery
 from runner.tracking import outbox
@@ -50,7 +51,7 @@ def _run_uri(directory: str):
     return uri
 
 
-RUN_MARKERS = (".hydra/", "mlflow_run_id", outbox.FILE)  # what every runner output directory holds at least one of
+RUN_MARKERS = (layout.HYDRA_DIR + "/", layout.RUN_ID_FILE, layout.OUTBOX_FILE)  # every output directory holds one
 
 
 def not_a_run_dir(directory: str):

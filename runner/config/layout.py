@@ -8,6 +8,9 @@ instead of each spelling the rule again.
       checkpoints/          unless checkpoint.dir says otherwise
       model.keras           the saved model (save_model=true)
       mlflow_run_id         the MLflow run a resume= continues
+      summary.json          the run's final figures (a sweep reads its objective there)
+      mlflow_journal.jsonl  every metric value, about once a second (runner.tracking.journal)
+      mlflow_outbox.jsonl   what MLflow could not take before the run ended (runner.tracking.outbox)
       <job>-<index>/        each task's own run directory under cluster=localhost
 """
 
@@ -18,6 +21,9 @@ HYDRA_DIR = ".hydra"
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.keras"
 RUN_ID_FILE = "mlflow_run_id"
+SUMMARY_FILE = "summary.json"
+JOURNAL_FILE = "mlflow_journal.jsonl"
+OUTBOX_FILE = "mlflow_outbox.jsonl"
 
 TRAINER, SERVER, EVALUATOR = "trainer", "server", "evaluator"
 
@@ -35,7 +41,7 @@ def model_path(output_dir) -> str:
 
 def summary_path(output_dir) -> str:
     """The run's final figures as JSON (final loss, eval/*, throughput): what a sweep's job returns to its sweeper."""
-    return os.path.join(output_dir, "summary.json")
+    return os.path.join(output_dir, SUMMARY_FILE)
 
 
 def task_dir(output_dir, job: str, index: int) -> str:

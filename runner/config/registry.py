@@ -10,53 +10,63 @@ a module of its own in runner.builders.data (found there, never listed) plus its
 No TensorFlow here, and none at the top of the group modules: config-only commands load all of them.
 """
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from runner.errors import ConfigError
 
-# group -> (the module that registers its options, the capabilities an option may declare: their defaults)
-GROUPS: dict[str, tuple] = {
-    "strategy": (
-        "runner.builders.strategy_auto",  # strategy=auto; it imports runner.builders.strategy, which registers the rest
-        {
-            "cross_device_ops": ("auto",),  # the cross_device_ops options it takes
-            "multi_process": False,  # may run as one task of a cluster of processes (a cluster with `processes`)
-            "inputs": None,  # the data.input paths it supports (None: all of them)
-            # fn(cfg, ops_cfg) -> [(key, device name)] the config names, checked to exist before the strategy is built (a
-            # missing one hangs at the first step). Only single-process strategies: listing devices initialises TensorFlow.
-            "devices": None,
-        },
-    ),
-    "cross_device_ops": ("runner.builders.cross_device_ops", {}),
-    "cluster": (
-        "runner.builders.cluster",
-        {
-            "processes": False,  # its tasks are separate processes: only `multi_process` strategies fit
-            "reads_tf_config": False,  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
-            # the module whose launch(cfg, chosen) starts the tasks from this process and supervises them (localhost, ray);
-            # None: this process is one task of the cluster
-            "launcher": None,
-        },
-    ),
-    "data": (
-        "runner.builders.data",  # a package: every module in it may register data options
-        {
-            "example_bytes": None,  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
-            "generates": 0,  # data made from the config: while made, an example takes example_bytes * generates
-            # fn(data cfg, loaded source, train cfg, *, cluster, parameter_server) -> a `pipeline.StreamedData`, for a
-            # source that streams from files and builds its own tf.data pipeline (data=tfrecord); None: arrays
-            "pipeline": None,
-        },
-    ),
-    "executor": ("runner.builders.executor", {}),
+Check = Callable[..., None]  # fn(cfg) -> None, raising ConfigError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What every option may declare: `check`, a pure cross-field check of the whole config, and `probe`, a
+    pre-flight probe (files, network). They run only when the option is selected."""
+
+    check: Check | None = None
+    probe: Check | None = None
+
+
+@dataclass(frozen=True)
+class StrategyCapabilities(Capabilities):
+    cross_device_ops: tuple[str, ...] = ("auto",)  # the cross_device_ops options it takes
+    multi_process: bool = False  # may run as one task of a cluster of processes (a cluster with `processes`)
+    inputs: tuple[str, ...] | None = None  # the data.input paths it supports (None: all of them)
+    # fn(cfg, ops_cfg) -> [(key, device name)] the config names, checked to exist before the strategy is built (a
+    # missing one hangs at the first step). Only single-process strategies: listing devices initialises TensorFlow.
+    devices: Callable | None = None
+
+
+@dataclass(frozen=True)
+class ClusterCapabilities(Capabilities):
+    processes: bool = False  # its tasks are separate processes: only `multi_process` strategies fit
+    reads_tf_config: bool = False  # the TF_CONFIG environment variable describes it (probed before TensorFlow)
+    # the module whose launch(cfg, chosen) starts the tasks from this process and supervises them (localhost, ray);
+    # None: this process is one task of the cluster
+    launcher: str | None = None
+
+
+@dataclass(frozen=True)
+class DataCapabilities(Capabilities):
+    example_bytes: Callable | None = None  # fn(data cfg) -> bytes per example (x float32, then y), when the config tells
+    generates: int = 0  # data made from the config: while made, an example takes example_bytes * generates
+    # fn(data cfg, loaded source, train cfg, *, cluster, parameter_server) -> a `pipeline.StreamedData`, for a
+    # source that builds its own tf.data pipeline (files, a user's dataset_fn); None: the in-memory pipeline of arrays
+    pipeline: Callable | None = None
+
+
+# group -> (the module that registers its options, the capabilities an option may declare)
+GROUPS: dict[str, tuple[str, type[Capabilities]]] = {
+    # strategy=auto; it imports runner.builders.strategy, which registers the rest
+    "strategy": ("runner.builders.strategy_auto", StrategyCapabilities),
+    "cross_device_ops": ("runner.builders.cross_device_ops", Capabilities),
+    "cluster": ("runner.builders.cluster", ClusterCapabilities),
+    "data": ("runner.builders.data", DataCapabilities),  # a package: every module in it may register data options
+    "executor": ("runner.builders.executor", Capabilities),
 }
-# Every option may also declare: `check`, a pure cross-field check of the whole config, and `probe`, a pre-flight
-# probe (files, network); both fn(cfg) -> None that raise ConfigError. They run only when the option is selected.
-COMMON = {"check": None, "probe": None}
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class Option:
     schema: type  # the dataclass Hydra types the option's node with
     build: Callable | None  # None: never built inside a task (cluster=localhost is started by the launcher)
     help: str  # what it builds, for --help
-    caps: SimpleNamespace  # the group's capabilities (GROUPS) plus check and probe
+    caps: Capabilities  # the group's kind of Capabilities (GROUPS)
 
     def node(self):
         """The schema with the option's name filled in, as stored in Hydra's ConfigStore."""
@@ -79,11 +89,12 @@ _loaded: set[str] = set()
 
 
 def register(group: str, name: str, *, schema: type, help: str, build: Callable | None = None, **caps) -> Option:
-    allowed = {**GROUPS[group][1], **COMMON}
+    kind = GROUPS[group][1]
+    allowed = [f.name for f in dataclasses.fields(kind)]
     unknown = sorted(set(caps) - set(allowed))
     if unknown:
         raise TypeError(f"{group}={name}: unknown capabilities {unknown}; a {group} option may declare {sorted(allowed)}")
-    registered = Option(group, name, schema, build, help, SimpleNamespace(**{**allowed, **caps}))
+    registered = Option(group, name, schema, build, help, kind(**caps))
     _options[group][name] = registered
     return registered
 

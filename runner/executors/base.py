@@ -1,5 +1,7 @@
 """What every executor takes and returns, and the throughput meter they share."""
 
+from __future__ import annotations
+
 import logging
 import math
 import sys
@@ -7,13 +9,22 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runner import STARTED, tf_private
 from runner.control import teardown
 from runner.errors import TrainingError
 from runner.executors.profiling import Profile
 from runner.tracking import phases
+
+if TYPE_CHECKING:  # the types Job holds: TensorFlow's, imported only for the annotations
+    import tensorflow as tf
+    import tf_keras
+    from omegaconf import DictConfig
+
+    from runner.builders.cluster import Cluster
+    from runner.builders.data.pipeline import Data
+    from runner.executors.checkpoints import Checkpoints
 
 log = logging.getLogger("runner")
 
@@ -24,16 +35,16 @@ class Reporter(Protocol):
 
 @dataclass
 class Job:
-    strategy: Any
-    model: Any  # built inside strategy.scope()
-    optimizer: Any  # built inside strategy.scope()
+    strategy: tf.distribute.Strategy
+    model: tf_keras.Model  # built inside strategy.scope()
+    optimizer: tf_keras.optimizers.Optimizer  # built inside strategy.scope()
     loss: str  # mse | binary_crossentropy | sparse_categorical_crossentropy
-    data: Any  # runner.builders.data.pipeline.Data
-    train: Any  # the train config node
-    executor: Any  # the executor config node
+    data: Data
+    train: DictConfig  # the train config node
+    executor: DictConfig  # the executor config node
     reporter: Reporter
-    cluster: Any = None  # runner.builders.cluster.Cluster
-    checkpoints: Any = None  # runner.executors.checkpoints.Checkpoints, or None when checkpointing is off
+    cluster: Cluster | None = None
+    checkpoints: Checkpoints | None = None  # None when checkpointing is off
     checkpoint_every: int | None = None  # steps; None: each epoch end
     profile: Profile = field(default_factory=lambda: Profile(None, None))  # train.profile_steps' trace (none: off)
 
@@ -180,7 +191,7 @@ class Throughput:
         return out
 
 
-def done_line(result: "Result", summary: dict[str, float]) -> str:
+def done_line(result: Result, summary: dict[str, float]) -> str:
     """The last line of a run, also read by benchmarks/run.py."""
     parts = [f"done: {result.steps} steps, final loss {result.final_loss:.4f}"]
     parts += [f"{k}={v:.4f}" for k, v in result.eval.items()]
@@ -216,7 +227,7 @@ def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, r
     return f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}{speed}"
 
 
-def check_loss(job: "Job", loss: float, step: int) -> None:
+def check_loss(job: Job, loss: float, step: int) -> None:
     """Stop with a clear error when the loss is NaN or infinite; the last good checkpoint stays as it is."""
     if math.isfinite(loss):
         return

@@ -19,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from runner.config import layout
 from runner.config.redact import redact, redact_mapping
 from runner.control import claims, contract
 from runner.errors import ConfigError
@@ -236,7 +237,7 @@ def cfg_uri(cfg) -> str:
 
 def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None:
     """A job that failed before its child run existed (a config error) still gets a FAILED child run."""
-    if os.path.exists(os.path.join(job_dir, "mlflow_run_id")) or not parent_id:
+    if os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE)) or not parent_id:
         return
     from mlflow import MlflowClient
     from mlflow.entities import Param

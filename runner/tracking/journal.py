@@ -10,7 +10,9 @@ values delivered so far, in journal order). Sending a value twice is harmless: M
 import json
 import os
 
-FILE = "mlflow_journal.jsonl"
+from runner.config import layout
+
+FILE = layout.JOURNAL_FILE
 
 
 def path_in(directory: str) -> str:

@@ -18,7 +18,9 @@ import logging
 import os
 import tempfile
 
-FILE = "mlflow_outbox.jsonl"
+from runner.config import layout
+
+FILE = layout.OUTBOX_FILE
 DAMAGED = FILE + ".damaged"
 STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 _START = b'{"run_id"'  # how every record save() writes begins

@@ -56,14 +56,13 @@ def flatten(node, prefix: str = "") -> dict[str, str]:
     return out
 
 
-RUN_ID_FILE = "mlflow_run_id"  # beside the checkpoint: a rerun in the same directory continues this run
 __all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "resolve_tracking_uri", "flatten", "env_tags"]
 
 _prestarted: dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
 
 
 def _saved_run_id(output_dir: str | None) -> str | None:
-    path = os.path.join(output_dir or "", RUN_ID_FILE)
+    path = os.path.join(output_dir or "", layout.RUN_ID_FILE)
     return open(path).read().strip() if output_dir and os.path.isfile(path) else None
 
 
@@ -215,7 +214,7 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict) -
     run_id = started["run_id"]
     if not (attached or resumed) and cfg.output_dir:
         os.makedirs(cfg.output_dir, exist_ok=True)
-        with open(os.path.join(cfg.output_dir, RUN_ID_FILE), "w") as f:
+        with open(os.path.join(cfg.output_dir, layout.RUN_ID_FILE), "w") as f:
             f.write(run_id)
     return RunLog(
         pipe,
