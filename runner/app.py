@@ -160,7 +160,7 @@ def restore_record() -> None:
 def redact_hydra_files(*directories) -> None:
     """Hydra writes the command line's overrides into .hydra/ (config.yaml, hydra.yaml, overrides.yaml) and a sweep's
     multirun.yaml before any runner code runs; a password in an override (mlflow.tracking_uri=https://u:pw@host)
-    would stay there in clear text. Rewrite them masked, as logs, params and tags are (runner/config/redact.py)."""
+    would stay there in clear text. Rewrite them masked, as logs, params and tags are (runner.config.redact)."""
     from runner.config.redact import redact
 
     for directory in directories:

@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     try:
         client = open_client(uri)
         result = delivery.send_outbox(client, args.output_dir)
-    except ConfigError as err:  # a damaged store, an unknown scheme: said by runner/mlflow_process/store.py
+    except ConfigError as err:  # a damaged store, an unknown scheme: said by runner.mlflow_process.store
         print(f"Error: {str(err).replace('Nothing was trained.', 'Nothing was sent; the outbox is kept.')}", file=sys.stderr)
         return 2
     except OSError as err:

@@ -16,7 +16,7 @@ def prepare() -> None:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     # No usage reporting from MLflow: runs may be on machines without (or with watched) network access.
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    # The runner retries undelivered metrics itself (runner/tracking/run.py); MLflow's own default of 7 retries with
+    # The runner retries undelivered metrics itself (runner.tracking.run); MLflow's own default of 7 retries with
     # exponential backoff would hold one request for minutes while a server is down.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")

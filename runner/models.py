@@ -70,7 +70,7 @@ KERAS_APP_EXAMPLES = ("ResNet50", "MobileNetV2", "EfficientNetB0", "MobileNetV3S
 
 
 def keras_app_problem(model_cfg: dict) -> str | None:
-    """What is wrong with a model=keras_app config, without TensorFlow (runner/config/validate.py calls it), or None."""
+    """What is wrong with a model=keras_app config, without TensorFlow (runner.config.validate calls it), or None."""
     application, weights, resize_to = model_cfg.get("application"), model_cfg.get("weights"), model_cfg.get("resize_to")
     if not isinstance(application, str) or not application:
         examples = ", ".join(KERAS_APP_EXAMPLES)

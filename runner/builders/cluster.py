@@ -1,9 +1,9 @@
 """cluster -> a cluster resolver and this process's task in it. Each option registers its schema, capabilities and
-builder here (runner/config/registry.py); its YAML is conf/cluster/<name>.yaml.
+builder here (runner.config.registry); its YAML is conf/cluster/<name>.yaml.
 
 `local`: one process. `tf_config`: TFConfigClusterResolver (Kubernetes and other schedulers set TF_CONFIG).
 `slurm`: SlurmClusterResolver. `tpu`: TPUClusterResolver, connected and initialised here, at program start.
-(`localhost` and `ray` are never built in a task: runner/launch/localhost.py and runner/launch/ray_cluster.py start tf_config
+(`localhost` and `ray` are never built in a task: runner.launch.localhost and runner.launch.ray_cluster start tf_config
 tasks instead.)
 """
 
@@ -95,7 +95,7 @@ class Cluster:
 
     @property
     def is_chief(self) -> bool:
-        """The task that logs and saves (runner/config/layout.py)."""
+        """The task that logs and saves (runner.config.layout)."""
         return layout.is_chief(self.task_type, self.task_id, self.jobs)
 
 
@@ -162,7 +162,7 @@ register(
 def _tf_config(cfg) -> Cluster:
     import tensorflow as tf
 
-    # TF_CONFIG was checked (JSON, task, index, free port) by runner/preflight/needs.py before TensorFlow was imported.
+    # TF_CONFIG was checked (JSON, task, index, free port) by runner.preflight.needs before TensorFlow was imported.
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
 

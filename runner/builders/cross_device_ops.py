@@ -2,7 +2,7 @@
 
 Each option registers its builder, fn(cfg, devices, multi_worker): for MirroredStrategy the CrossDeviceOps (None lets
 TensorFlow choose), for MultiWorkerMirroredStrategy the CommunicationImplementation. Which strategy takes which option
-is the strategy's capability (`cross_device_ops=...` in runner/builders/strategy.py).
+is the strategy's capability (`cross_device_ops=...` in runner.builders.strategy).
 """
 
 from dataclasses import dataclass

@@ -49,7 +49,7 @@ def build_devices(cfg) -> Devices:
 def check_devices_exist(named) -> None:
     """A device that does not exist makes a strategy hang at its first step: refuse it, naming the ones that exist.
 
-    `named`: (config key, device name) pairs, from the strategy's `devices` capability (runner/builders/strategy.py).
+    `named`: (config key, device name) pairs, from the strategy's `devices` capability (runner.builders.strategy).
     Only strategies that name devices declare it: list_logical_devices() initialises TensorFlow's context, which
     multi_worker_mirrored must configure first.
     """

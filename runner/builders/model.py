@@ -14,7 +14,7 @@ from runner.errors import ConfigError
 
 
 class Loss(StrEnum):
-    """train.loss (the schema's field is typed by it: runner/config/schema.py)."""
+    """train.loss (the schema's field is typed by it: runner.config.schema)."""
 
     auto = "auto"  # from the data's task: sparse_categorical_crossentropy or mse
     mse = "mse"
@@ -23,7 +23,7 @@ class Loss(StrEnum):
 
 
 class Optimizer(StrEnum):
-    """train.optimizer.name (typed by it in runner/config/schema.py); built by _optimizer below."""
+    """train.optimizer.name (typed by it in runner.config.schema); built by _optimizer below."""
 
     sgd = "sgd"
     adam = "adam"

@@ -1,5 +1,5 @@
 """strategy -> a real tf.distribute.Strategy. Each option: its schema (fields mirror the constructor's arguments),
-its capabilities and its builder, registered together (runner/config/registry.py); its YAML is conf/strategy/<name>.yaml."""
+its capabilities and its builder, registered together (runner.config.registry); its YAML is conf/strategy/<name>.yaml."""
 
 from dataclasses import dataclass, field
 from enum import StrEnum

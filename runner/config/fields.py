@@ -1,8 +1,8 @@
 """Schema field helpers: a field's default, declared once, beside its valid range or its valid choices.
 
-Defaults live only in the schema dataclasses (runner/config/schema.py and the option schemas in runner/builders/); the
+Defaults live only in the schema dataclasses (runner.config.schema and the option schemas in runner/builders/); the
 YAML files in conf/ select options and override values but never restate a default (tests/unit/config/test_registry.py fails
-if one does). runner/config/validate.py checks every declared range and choice with one generic walk each.
+if one does). runner.config.validate checks every declared range and choice with one generic walk each.
 """
 
 from dataclasses import dataclass, field

@@ -6,7 +6,7 @@ HYDRA_FULL_ERROR=1 still shows the trace.
 - A config file that is not valid YAML. Hydra prints the parser's traceback: the error is not one of its own, and
   it comes before the job runs, where Hydra strips nothing. It is raised as Hydra's composition error instead.
 - A mistyped key (train.epoch=3, stratgy=mirrored) or option (strategy=mirored). Hydra's message runs over several
-  lines and suggests nothing. It becomes one paragraph naming the closest real names (runner/config/validate.py builds it).
+  lines and suggests nothing. It becomes one paragraph naming the closest real names (runner.config.validate builds it).
 - An override Hydra refuses quotes its value: a password in it (a URL given to the wrong key) is masked.
 tests/unit/config/test_hydra_private.py fails loudly when a Hydra release moves any of these names. Until that test is fixed,
 install() leaves Hydra's own messages as they are.

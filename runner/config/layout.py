@@ -70,7 +70,7 @@ def task_role(strategy_name: str, task_type) -> str:
 def is_chief(task_type, task_id: int, jobs) -> bool:
     """The task that logs to MLflow and saves: the chief, or worker 0 when there is no chief (a process outside any
     cluster too). TensorFlow's `strategy.extended.should_checkpoint`, known before the strategy exists (the MLflow
-    run starts while TensorFlow is imported); runner/experiment.py warns if the two ever disagree."""
+    run starts while TensorFlow is imported); runner.experiment warns if the two ever disagree."""
     if task_type is None:
         return True
     if "chief" in jobs:

@@ -1,10 +1,10 @@
 """Typed schemas: the root config's plain nodes here, each group option's schema with its builder (runner/builders/,
-through runner/config/registry.py), all registered in Hydra's ConfigStore by `register()`.
+through runner.config.registry), all registered in Hydra's ConfigStore by `register()`.
 
 Each YAML option lists its schema first in its defaults (`/schema/<group>/<option>@_here_`), so a wrong type or an
 unknown key fails while Hydra composes the config, before TensorFlow is imported. Defaults live here and in the
-option schemas only (runner/config/fields.py says why); every numeric field declares its valid range and every enumerated
-field its Enum beside its default, and runner/config/validate.py checks all of them generically.
+option schemas only (runner.config.fields says why); every numeric field declares its valid range and every enumerated
+field its Enum beside its default, and runner.config.validate checks all of them generically.
 """
 
 from dataclasses import dataclass, field
@@ -50,7 +50,7 @@ class TrainConfig:
     mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
     profile_steps: list[int] | None = ranged(
         None, ge=1, null="no trace"
-    )  # [first, last]: a profiler trace (runner/executors/profiling.py)
+    )  # [first, last]: a profiler trace (runner.executors.profiling)
 
 
 @dataclass
@@ -67,7 +67,7 @@ class MlflowConfig:
     # process for the run this process owns, as system/* metrics
     system_metrics: bool = True
     system_metrics_every_sec: float = ranged(5.0, ge=1, why="each sample also reads the run back from the store")
-    # the trained model as an MLflow model (pyfunc over model.keras, runner/mlflow_process/model.py): loadable and servable
+    # the trained model as an MLflow model (pyfunc over model.keras, runner.mlflow_process.model): loadable and servable
     log_model: bool = True
     register_as: str | None = None  # a registered model name: each run adds a version (needs log_model and save_model)
 
@@ -75,7 +75,7 @@ class MlflowConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
-    dir: str | None = None  # None: <output_dir>/checkpoints (runner/config/layout.py)
+    dir: str | None = None  # None: <output_dir>/checkpoints (runner.config.layout)
     every_n_steps: int | None = ranged(None, ge=1, null="at the end of each epoch")  # custom loop (fit: always per epoch)
     max_to_keep: int = ranged(3, ge=1, why="the newest checkpoint is what resume= continues from")
 
@@ -102,7 +102,7 @@ class RunnerConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     resume: str | None = None  # an earlier run's output directory: continue its checkpoint and MLflow run
     save_model: bool = True  # save <output_dir>/model.keras and log it as an artifact
-    # checkpoints, model, MLflow run id: resume=<dir> when given, else Hydra's run directory (`runner.or`: runner/app.py)
+    # checkpoints, model, MLflow run id: resume=<dir> when given, else Hydra's run directory (`runner.or`: runner.app)
     output_dir: str | None = "${runner.or:${resume},${hydra:runtime.output_dir}}"
 
 

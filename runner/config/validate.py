@@ -1,9 +1,9 @@
 """Pure checks of the composed config: config in, ConfigError out, no I/O (no files, network, environment or
-machine state: those are runner/preflight/needs.py's). Run before TensorFlow is imported.
+machine state: those are runner.preflight.needs's). Run before TensorFlow is imported.
 
 Types and unknown keys are already caught by the schemas while Hydra composes. Ranges and choices are declared beside
-each field's default (runner/config/fields.py) and checked here by one generic walk each; which options go together comes
-from the capabilities each option registers (runner/config/registry.py). Each check is one small function with a message
+each field's default (runner.config.fields) and checked here by one generic walk each; which options go together comes
+from the capabilities each option registers (runner.config.registry). Each check is one small function with a message
 that names the bad value and the valid choices.
 
 `validate(cfg)` runs these, then the pre-flight probes: the entry point callers have always used.
@@ -100,7 +100,7 @@ def _declared(node, prefix: str, meta: str):
 
 
 def range_problems(node, prefix: str = "") -> list[str]:
-    """Every numeric value outside the range its schema field declares (`ranged(...)`, runner/config/fields.py)."""
+    """Every numeric value outside the range its schema field declares (`ranged(...)`, runner.config.fields)."""
     problems = []
     for full, r, value in _declared(node, prefix, "range"):
         items = list(value) if isinstance(value, ListConfig) else [value]

@@ -1,13 +1,13 @@
 """What a runner process tells the runner processes it starts: environment variables, and how they are started.
 
 The launcher (cluster=localhost) and the sweep start `python -m runner` children; every process that trains
-may start a sentinel (runner/control/watchdog.py) and an MLflow process (runner/mlflow_process/process.py). They pass state by
+may start a sentinel (runner.control.watchdog) and an MLflow process (runner.mlflow_process.process). They pass state by
 environment only, never on the command line, where `ps` shows it to everyone:
 
 - `TF_CONFIG` (launcher -> task): its cluster and its task in it, read by TensorFlow's resolver.
 - `RUNNER_MLFLOW_RUN_ID` (launcher -> task: tracking, app, evaluator): log into this run; the launcher ends it.
 - `RUNNER_LAUNCH_ID` (launcher -> every task): marks the processes of one launch (tests look for leftovers).
-- `RUNNER_TASK_ROLE` (launcher, read back by it): trainer, server or evaluator (runner/config/layout.py).
+- `RUNNER_TASK_ROLE` (launcher, read back by it): trainer, server or evaluator (runner.config.layout).
 - `RUNNER_PARENT_RUN_ID` (sweep -> job: tracking): nest the job's run under the sweep's run.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).

@@ -6,7 +6,7 @@ that forked the child exits, so call `popen` from a thread that lives as long as
 runner does it from the main thread (the launcher's supervise loop, the sweep's task function, deadline()).
 
 Also: who a process is (host, pid, start time), so a run left RUNNING by a process that is gone can be told
-apart from one whose process still runs (runner/mlflow_process/store.py).
+apart from one whose process still runs (runner.mlflow_process.store).
 """
 
 import ctypes

@@ -64,7 +64,7 @@ def requested() -> bool:
 
 
 class Sentinel:
-    """`with Sentinel(run, output_dir) as sentinel:` starts runner/control/watchdog.py, which stops this process when
+    """`with Sentinel(run, output_dir) as sentinel:` starts runner.control.watchdog, which stops this process when
     TensorFlow blocks it in C++ (where no Python code, signal handlers included, can run): a second Ctrl-C or
     SIGTERM that is not acted on within seconds, or `sentinel.deadline(...)` that passes. Main thread only."""
 

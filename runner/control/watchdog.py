@@ -6,7 +6,7 @@ and ops can wait forever. Then no Python code of that process runs, signal handl
 - Ctrl-C / SIGTERM that the process does not act on within GRACE_SEC (a second one at any time, or the first
   while a deadline is armed): run KILLED, kill. CPython's C-level signal handler writes each signal's number to
   the wakeup fd (signal.set_wakeup_fd), without the GIL; the read end of that pipe is ours.
-It dies with its parent (runner/control/procs.py) and ends quietly when its stdin closes.
+It dies with its parent (runner.control.procs) and ends quietly when its stdin closes.
 
 Usage: python -m runner.control.watchdog PID SIGNAL_FD; then JSON lines on stdin: ["run", id, owner|attached, output_dir],
 ["deadline", seconds, message], ["clear"]. The store is $MLFLOW_TRACKING_URI.

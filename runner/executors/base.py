@@ -93,7 +93,7 @@ def concrete_per_iterator(fn):
     function, spends matching the arguments to the signature and flattening the iterator into its resource
     handles: a large share of a short step, more so for a distributed iterator (docs/benchmarks.md). The
     iterator's handles are the same for its whole life, so they are flattened once (tf_private.flat_caller).
-    The iterator is kept until the process ends (runner/control/teardown.py: destroying it can block for seconds).
+    The iterator is kept until the process ends (runner.control.teardown: destroying it can block for seconds).
     """
     bound = {}
 

@@ -43,7 +43,7 @@ class Checkpoints:
 
         # named when the checkpoints are of a model of another shape: this run's model config, its output directory
         self.model_keys, self.run_dir = model_keys, run_dir
-        self.before_save = before_save  # the metrics journal, written up to this step first (runner/tracking/journal.py)
+        self.before_save = before_save  # the metrics journal, written up to this step first (runner.tracking.journal)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._model = model
         self._ckpt = tf.train.Checkpoint(step=self.step, model=model, optimizer=optimizer)

@@ -3,8 +3,8 @@ strategy.reduce.
 
 This module supplies only the inner loop (InProcessTrainer): train.steps_per_loop steps run inside one
 tf.function call (a tf.range loop over the distributed iterator), which cuts host overhead the way Orbit's
-loop_fns do. Epochs, logging, checkpoints and stop requests are runner/executors/loop.py's; under
-parameter_server the coordinator's inner loop is runner/executors/ps_loop.py.
+loop_fns do. Epochs, logging, checkpoints and stop requests are runner.executors.loop's; under
+parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 """
 
 from runner.control import teardown

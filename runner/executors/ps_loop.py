@@ -3,7 +3,7 @@
 Each scheduled call runs train.steps_per_loop steps on one worker's own dataset (create_per_worker_dataset)
 and returns the mean loss and the worker's index, so the coordinator can count the steps each worker ran.
 The coordinator retries a step whose worker died; a worker that comes back rejoins. Calls are not waited for
-one by one: runner/executors/loop.py syncs (joins) only to log, checkpoint or stop, and there the variables are
+one by one: runner.executors.loop syncs (joins) only to log, checkpoint or stop, and there the variables are
 final. TensorFlow's preemption handler does not support parameter_server: the coordinator saves at that join.
 """
 

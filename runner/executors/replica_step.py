@@ -36,7 +36,7 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return (loss, tf.reshape(tf.reduce_mean(losses), [1])) if with_shard else loss
 
-    # (x, y): a debug option may add record ids to the batch (runner/builders/data/tfrecord.py); plain TensorFlow, left alone
+    # (x, y): a debug option may add record ids to the batch (runner.builders.data.tfrecord); plain TensorFlow, left alone
     strip_ids = tf.autograph.experimental.do_not_convert(job.data.strip_ids)
 
     def replica_step(inputs):

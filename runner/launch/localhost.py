@@ -83,7 +83,7 @@ class Task:
 
     @property
     def is_server(self) -> bool:
-        """ps and (under parameter_server) worker tasks only serve; they never end by themselves (runner/config/layout.py)."""
+        """ps and (under parameter_server) worker tasks only serve; they never end by themselves (runner.config.layout)."""
         return self.env.get(contract.TASK_ROLE) == layout.SERVER
 
     def start(self, lock: threading.Lock) -> None:

@@ -1,10 +1,10 @@
 """cluster=ray, inside the cluster: the Ray actor that plays one task. It lives in a Ray worker process on some node.
 
-The driver (runner/launch/ray_cluster.py) asks it where it is (`where`: its node's IP and a free port there), gives every task
+The driver (runner.launch.ray_cluster) asks it where it is (`where`: its node's IP and a free port there), gives every task
 its TF_CONFIG, then has it `start` the task: `python -m runner <overrides> cluster=tf_config`, a process of its own with
 this worker's environment plus what the driver decided (TF_CONFIG, the MLflow run to attach to, ...). The driver reads
 the task's output and, once it has ended, its exit status with `read`; `signal` and `state` act on the task's process
-group. The process is started from a thread that lives as long as it (runner/control/procs.py): a Ray worker killed with
+group. The process is started from a thread that lives as long as it (runner.control.procs): a Ray worker killed with
 SIGKILL takes its task with it. No Ray import at module level, no TensorFlow: the driver makes this class a Ray actor.
 """
 

@@ -1,10 +1,10 @@
-"""cluster=ray: every task of the cluster is a Ray actor (runner/launch/ray_actor.py) on a Ray cluster, supervised from here.
+"""cluster=ray: every task of the cluster is a Ray actor (runner.launch.ray_actor) on a Ray cluster, supervised from here.
 
 The cluster is `cluster.address`, or a local head started for this run (`ray.init(address="local")`) and shut down
 after it. One placement group holds a bundle per task (`cluster.placement`, `cluster.cpus_per_task`,
 `cluster.gpus_per_task`), so the tasks start together or not at all. Each actor reports its node's IP and a free port;
 from those this process writes every task's TF_CONFIG, and the actors start their tasks. Everything else is
-runner/launch/localhost.py's, the same as for cluster=localhost: one MLflow run, `[task]`-prefixed output, a dead task stops the
+runner.launch.localhost's, the same as for cluster=localhost: one MLflow run, `[task]`-prefixed output, a dead task stops the
 job (a parameter-server worker or ps is restarted instead, in its bundle, so at the same address), exit codes, the
 chief's summary. A task whose Ray worker process dies ends as if it had been killed with SIGKILL. Ray is imported only
 here, and this module only for cluster=ray.
@@ -35,7 +35,7 @@ FORWARDED = ("MLFLOW_",)  # the driver's own variables the tasks get too (MLflow
 
 
 class _Remote:
-    """The task process an actor runs, seen from here as runner/launch/localhost.py sees a subprocess.Popen."""
+    """The task process an actor runs, seen from here as runner.launch.localhost sees a subprocess.Popen."""
 
     def __init__(self, pid: int):
         self.pid, self.returncode, self.note = pid, None, ""
@@ -190,7 +190,7 @@ class RaySession:
         return tasks
 
     def __exit__(self, *exc) -> None:
-        for handle in self.actors:  # their task processes die with them (runner/control/procs.py)
+        for handle in self.actors:  # their task processes die with them (runner.control.procs)
             try:
                 ray.kill(handle)
             except Exception:  # already dead

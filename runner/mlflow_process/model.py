@@ -1,6 +1,6 @@
 """The trained model as MLflow sees it: a pyfunc that loads the run's `model.keras` with tf_keras.
 
-Logged "from code" (runner/mlflow_process/process.py's `log_model`): MLflow copies this file into the logged model, so
+Logged "from code" (runner.mlflow_process.process's `log_model`): MLflow copies this file into the logged model, so
 loading and serving it (`mlflow.pyfunc.load_model`, `mlflow models serve`) need TensorFlow and tf_keras but not this
 project. TensorFlow is imported when the model is loaded, never when it is logged: logging costs the run no import.
 """

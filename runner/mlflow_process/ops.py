@@ -1,4 +1,4 @@
-"""The MLflow process's larger ops (runner/mlflow_process/process.py's `Calls`): datasets, the logged model, system metrics.
+"""The MLflow process's larger ops (runner.mlflow_process.process's `Calls`): datasets, the logged model, system metrics.
 
 Runs only in the MLflow process: it imports mlflow, never TensorFlow. The training process sends plain values.
 """
@@ -28,7 +28,7 @@ def _tensor_schema(spec: dict):
 
 
 def dataset_inputs(datasets: list) -> list:
-    """runner/sources/description.py's dicts -> DatasetInputs tagged with their context (train / eval)."""
+    """runner.sources.description's dicts -> DatasetInputs tagged with their context (train / eval)."""
     from mlflow.data.schema import TensorDatasetSchema
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
@@ -88,7 +88,7 @@ def _requirements() -> list[str]:
 
 
 def log_keras_model(uri, run_id, keras_path, inputs, outputs, example, register_as=None) -> dict:
-    """Log `keras_path` as the run's MLflow model "model" (pyfunc, runner/mlflow_process/model.py) with a tensor signature and
+    """Log `keras_path` as the run's MLflow model "model" (pyfunc, runner.mlflow_process.model) with a tensor signature and
     an input example; register it as a new version of `register_as` when given. Raises RuntimeError saying which
     step failed."""
     import mlflow

@@ -3,7 +3,7 @@
 Importing mlflow and opening its store takes seconds of Python work (SQLAlchemy's models, alembic's schema
 check). Here it runs on another core while the training process imports TensorFlow, and metric delivery later
 runs beside training instead of taking turns with it for the GIL. The training process never imports mlflow:
-it talks to this one over a pipe (runner/tracking/pipe.py).
+it talks to this one over a pipe (runner.tracking.pipe).
 
 Protocol, one JSON object per line. In: {"id": n, "op": name, "args": {...}}, ops are the methods of `Calls`.
 Out: {"id": n, "ok": result} or {"id": n, "error": message, "config": true when it is the user's to fix};
@@ -11,7 +11,7 @@ and {"log": [level, message]} for the training process's log. Calls run in a sma
 stuck on a server that is down does not hold up an artifact upload. The store is $MLFLOW_TRACKING_URI.
 
 It ignores SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process group; the training process ends
-the run KILLED through it), ends when its stdin closes, and dies with its parent (runner/control/procs.py).
+the run KILLED through it), ends when its stdin closes, and dies with its parent (runner.control.procs).
 """
 
 import json
@@ -37,7 +37,7 @@ class Calls:
 
     def __init__(self, client, uri: str, owner_pid: int):
         self.client, self.uri, self.owner_pid = client, uri, owner_pid
-        self._monitors: dict = {}  # run id -> its system-metrics monitor (runner/mlflow_process/ops.py)
+        self._monitors: dict = {}  # run id -> its system-metrics monitor (runner.mlflow_process.ops)
 
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -59,13 +59,13 @@ class Calls:
         self.client.log_text(run_id, redact(text), name)
 
     def log_inputs(self, run_id: str, datasets: list) -> None:
-        """The run's datasets (runner/sources/description.py's dicts) as MLflow Dataset entities, one per context."""
+        """The run's datasets (runner.sources.description's dicts) as MLflow Dataset entities, one per context."""
         from runner.mlflow_process.ops import dataset_inputs
 
         self.client.log_inputs(run_id, datasets=dataset_inputs(datasets))
 
     def log_model(self, run_id: str, keras_path: str, inputs: dict, outputs: dict, example: list, register_as=None) -> dict:
-        """The saved .keras model as an MLflow pyfunc model (runner/mlflow_process/model.py), registered when asked."""
+        """The saved .keras model as an MLflow pyfunc model (runner.mlflow_process.model), registered when asked."""
         from runner.mlflow_process.ops import log_keras_model
 
         return log_keras_model(self.uri, run_id, keras_path, inputs, outputs, example, register_as)

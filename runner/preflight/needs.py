@@ -1,5 +1,5 @@
 """Pre-flight probes: what the config needs from this machine and its network, found before TensorFlow starts and
-before any step, rather than after the first epoch. Unlike runner/config/validate.py (pure), these read files, the
+before any step, rather than after the first epoch. Unlike runner.config.validate (pure), these read files, the
 environment (TF_CONFIG, MLFLOW_TRACKING_URI), free memory and CPU cores, and open sockets.
 
 Each selected option may register its own probe (`probe=` of `registry.register`); `preflight(cfg)` runs those, then
@@ -51,7 +51,7 @@ def memory_fits(cfg):
 
     source = registry.selected(cfg, "data").caps
     if source.example_bytes is None:
-        return  # npz: checked on the loaded arrays (runner/builders/data/pipeline.py)
+        return  # npz: checked on the loaded arrays (runner.builders.data.pipeline)
     example, available = source.example_bytes(cfg.data), checks.available_memory()
     if source.generates:
         key = "data.num_examples" if cfg.data.num_examples >= cfg.data.eval_examples else "data.eval_examples"
@@ -172,7 +172,7 @@ def _hdf5_at(f, size: int) -> bool:
 
 def weights_file_problem(path: str) -> str | None:
     """Why the file at `path` cannot be Keras weights, from the file alone (no TensorFlow: h5py reads HDF5), or None.
-    Whether weights that are Keras weights fit the model is found when it is built (runner/models.py)."""
+    Whether weights that are Keras weights fit the model is found when it is built (runner.models)."""
     import zipfile
 
     try:
@@ -230,7 +230,7 @@ def resized_images_fit(cfg):
     """model=keras_app model.resize_to=[h, w]: one global batch of the resized images alone (the Resizing layer's
     output, at least one channel) clearly does not fit in memory. TensorFlow's own refusal comes at the first step, as
     ResourceExhaustedError. Only where the whole batch is on this machine (cluster=local, localhost); what the layers
-    after it need is checked once the model is built (runner/builders/model.py)."""
+    after it need is checked once the model is built (runner.builders.model)."""
     resize_to = cfg.model.get("resize_to") if cfg.model.get("_target_") == "runner.models.keras_app" else None
     if not resize_to or cfg.cluster.name not in ("local", "localhost"):
         return
@@ -372,7 +372,7 @@ def tracking_server_reachable(cfg):
     uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not cfg.mlflow.enabled:
         return
-    path = sqlite_store.sqlite_path(uri or "sqlite:///mlflow.db")  # MLflow's default (runner/tracking/run.py)
+    path = sqlite_store.sqlite_path(uri or "sqlite:///mlflow.db")  # MLflow's default (runner.tracking.run)
     if path and _opens_the_store(cfg):  # a store MLflow cannot write: refused now, not after its retries (~110 s)
         key = "mlflow.tracking_uri" if cfg.mlflow.tracking_uri else "MLFLOW_TRACKING_URI" if uri else None
         sqlite_store.check_sqlite(path, *[key] * bool(key))

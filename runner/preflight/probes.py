@@ -1,7 +1,7 @@
 """Probes of this machine and its network, each answering None (fine) or why not, knowing nothing of the config:
-can this directory be written, is this port free, does this MLflow server answer. runner/preflight/needs.py asks them
-about the config's directories, TF_CONFIG addresses and tracking URI; runner/app.py about Hydra's run directory
-before Hydra makes it; runner/deliver.py about the server it delivers to.
+can this directory be written, is this port free, does this MLflow server answer. runner.preflight.needs asks them
+about the config's directories, TF_CONFIG addresses and tracking URI; runner.app about Hydra's run directory
+before Hydra makes it; runner.deliver about the server it delivers to.
 """
 
 import os

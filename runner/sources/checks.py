@@ -1,7 +1,7 @@
 """Checks on the data a run will train on, and on whether it fits in memory: NumPy only, no TensorFlow.
 
 Each check raises ConfigError (exit 2) with one paragraph naming the file or source, the array, the bad value
-and what to do. runner/sources/in_memory.py calls them on every source right after loading; runner/config/validate.py calls the
+and what to do. runner.sources.in_memory calls them on every source right after loading; runner.config.validate calls the
 memory estimate before TensorFlow is imported, for the sources whose sizes the config already says.
 """
 
@@ -74,7 +74,7 @@ def check_pair(x, y, x_name: str, y_name: str, where: str) -> None:
 
 
 def check_data(data, where: str, names: dict | None = None) -> None:
-    """A loaded ArrayData (runner/sources/in_memory.py): every array, lengths, train/eval shapes, labels for the task."""
+    """A loaded ArrayData (runner.sources.in_memory): every array, lengths, train/eval shapes, labels for the task."""
     names = {"x_train": "x_train", "y_train": "y_train", "x_eval": "x_eval", "y_eval": "y_eval", **(names or {})}
     for key in ("x_train", "y_train", "x_eval", "y_eval"):
         check_array(getattr(data, key), names[key], where, features=key.startswith("x"))

@@ -1,9 +1,9 @@
 """What MLflow's dataset view needs to know about a run's data, made in the training process without MLflow.
 
 `describe(cfg, data)` returns one small dict per context (train, eval): name, source, digest, schema, profile.
-runner/mlflow_process/process.py turns each into an `mlflow.entities.Dataset` and logs it as the run's input, so the Dataset
+runner.mlflow_process.process turns each into an `mlflow.entities.Dataset` and logs it as the run's input, so the Dataset
 column and the dataset filters of the dashboard work. The digest changes when the data change:
-- arrays (ones, synthetic, digits, npz, any source that yields runner/sources/in_memory.py's ArrayData): a hash of the arrays'
+- arrays (ones, synthetic, digits, npz, any source that yields runner.sources.in_memory's ArrayData): a hash of the arrays'
   bytes, dtypes and shapes (arrays over HASH_BYTES are hashed on evenly spaced rows, plus their shapes);
 - files (data=tfrecord): a hash of each file's name, size and modification time, and of the feature spec. No file
   is read.
@@ -74,7 +74,7 @@ def _files_digest(files: list[str], spec) -> tuple[str, int | None]:
 
 def _files(cfg, source) -> list[dict]:
     spec = source.features
-    inputs = {"dtype": "float32", "shape": list(source.input_shape)}  # as runner/builders/data/tfrecord.py parses them
+    inputs = {"dtype": "float32", "shape": list(source.input_shape)}  # as runner.builders.data.tfrecord parses them
     if source.task == "classification":
         targets = {"dtype": "int32", "shape": []}
     else:

@@ -1,6 +1,6 @@
 """data=image_folder before TensorFlow: which files, which classes, how many images. A directory of class
 sub-folders is listed once here (class names sorted, as tf_keras.utils.image_dataset_from_directory sorts them);
-runner/builders/data/image_folder.py streams the files from this listing. Every problem is a ConfigError naming the key
+runner.builders.data.image_folder streams the files from this listing. Every problem is a ConfigError naming the key
 and the path, found by the pre-flight probe before TensorFlow starts, rather than as a decode error at a step.
 
 Images are the files with an image extension (.png .jpg .jpeg .bmp .gif, any case), found recursively under each
@@ -31,7 +31,7 @@ class ImageFolderSource:
     channels: int
     scale: float
     task = "classification"
-    streamed = True  # runner/builders/data/pipeline.py: the source builds its own pipeline
+    streamed = True  # runner.builders.data.pipeline: the source builds its own pipeline
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
 """Data sources as NumPy arrays: the guide's ones, seeded synthetic data, scikit-learn's digits, a user's .npz.
 
-No TensorFlow here; runner/builders/data/pipeline.py turns these arrays into (distributed) tf.data pipelines.
+No TensorFlow here; runner.builders.data.pipeline turns these arrays into (distributed) tf.data pipelines.
 """
 
 import os
@@ -160,10 +160,10 @@ def describe(cfg) -> str:
 
 
 def load(cfg) -> ArrayData:
-    """Load the source, then check it: lengths, shapes, dtypes, finite values, labels (runner/sources/checks.py)."""
+    """Load the source, then check it: lengths, shapes, dtypes, finite values, labels (runner.sources.checks)."""
     data = registry.get("data", cfg.name).build(cfg)  # each source's loader, registered in runner.builders.data
     if getattr(data, "streamed", False):
-        return data  # data=tfrecord: files, checked record by record in runner/sources/tfrecord.py, never loaded here
+        return data  # data=tfrecord: files, checked record by record in runner.sources.tfrecord, never loaded here
     names = {k: cfg[k] for k in ("x_train", "y_train", "x_eval", "y_eval")} if cfg.name == "npz" else None
     if names and data.held_out:
         names.update(x_eval=names["x_train"], y_eval=names["y_train"])

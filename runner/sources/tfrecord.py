@@ -5,7 +5,7 @@ TensorFlow starts, rather than as a C++ error at the first step.
 The feature spec comes from the config (data.features, data.label, data.task, data.num_classes) or, for what the
 config leaves null, from the spec file `python -m runner.export` writes beside the files (tfrecord.json), which
 also holds each file's record count: the steps of an epoch are known without reading the data. Without it, local
-files are counted once by seeking from record header to record header (runner/sources/tfrecord_format.py).
+files are counted once by seeking from record header to record header (runner.sources.tfrecord_format).
 
 Paths with a scheme (gs://, s3://, hdfs://...) are left to tf.io.gfile when the pipeline is built: they are not
 probed here, their spec must be in the config, and train.steps_per_epoch must be set unless the spec file counts them.
@@ -43,7 +43,7 @@ class TFRecordSource:
     task: str
     num_classes: int | None
     train_records: int | None  # None: not known before reading (remote files without a spec file)
-    streamed = True  # runner/builders/data/pipeline.py: build the file pipeline, not the in-memory one
+    streamed = True  # runner.builders.data.pipeline: build the file pipeline, not the in-memory one
 
     @property
     def inputs(self) -> list[str]:

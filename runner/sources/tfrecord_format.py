@@ -1,6 +1,6 @@
 """The TFRecord file format and the tf.train.Example message, read in plain Python (no TensorFlow).
 
-Why not TensorFlow: data=tfrecord's files are checked before TensorFlow is imported (runner/sources/tfrecord.py),
+Why not TensorFlow: data=tfrecord's files are checked before TensorFlow is imported (runner.sources.tfrecord),
 so that a pattern that matches nothing, a file that is not TFRecord or a feature the records lack is one readable
 error in a second, not a C++ stack trace after start-up. This module reads only what those checks need: record
 framing (to count records by seeking past them, and to tell a TFRecord file from anything else) and the kind and

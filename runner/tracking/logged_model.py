@@ -1,4 +1,4 @@
-"""The trained model as an MLflow model, asked of the MLflow process (runner/mlflow_process/ops.py) from the training process.
+"""The trained model as an MLflow model, asked of the MLflow process (runner.mlflow_process.ops) from the training process.
 
 The signature comes from the data's shapes (float32 in, float32 out, as the model computes), the input example from
 the first rows of the training data. Nothing here imports mlflow or TensorFlow.

@@ -1,4 +1,4 @@
-"""The training process's end of runner/mlflow_process/process.py: a client with MLflow's call names, over a pipe.
+"""The training process's end of runner.mlflow_process.process: a client with MLflow's call names, over a pipe.
 
 `Pipe.spawn(uri)` starts the process at once, so that it imports mlflow and opens the store while this
 process does other work (imports TensorFlow). Each call waits for its answer; a call that fails there raises
@@ -129,7 +129,7 @@ class Pipe:
     def start(self, **args) -> dict:
         return self.call("start", **args)
 
-    # The runner's own ops (runner/mlflow_process/ops.py): datasets, the MLflow model, system metrics.
+    # The runner's own ops (runner.mlflow_process.ops): datasets, the MLflow model, system metrics.
     def log_inputs(self, run_id: str, datasets: list) -> None:
         self.call("log_inputs", run_id=run_id, datasets=datasets)
 

@@ -1,10 +1,8 @@
 """The MLflow run's lifecycle: started, continued or attached to; ended FINISHED, FAILED or KILLED.
 
-MLflow itself runs in a process of its own (runner/mlflow_process/process.py), started by `prestart` before TensorFlow
-is imported; this process reaches it through runner/tracking/pipe.py and reports through runner/tracking/runlog.py's
-`RunLog.log_metrics(values, step)`. Only mlflow_process.py (and its mlflow_ops.py), store.py, journal.py, outbox.py,
-the logged model's own code (mlflow_model.py) and the tools that read runs back (sweep, report, deliver, watchdog)
-import mlflow.
+MLflow itself runs in a process of its own (`runner.mlflow_process`), started by `prestart` before TensorFlow is
+imported; this process reaches it through `pipe.Pipe` and reports through `RunLog.log_metrics(values, step)`. mlflow
+is imported only on the MLflow side and by the tools that read runs back (sweeps, deliver, dashboard, the sentinel).
 """
 
 import contextlib
@@ -76,7 +74,7 @@ def env_tags() -> dict[str, str]:
 
 def _logs_here(cfg: DictConfig) -> bool:
     """Whether this process will own or attach to the run, as far as the config and TF_CONFIG tell without
-    TensorFlow: the chief, or worker 0 when there is no chief (runner/builders/cluster.py's rule)."""
+    TensorFlow: the chief, or worker 0 when there is no chief (runner.builders.cluster's rule)."""
     if not cfg.mlflow.enabled:
         return False
     if cfg.cluster.name in ("local", "tpu"):
@@ -168,7 +166,7 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
             pipe.close()
 
 
-SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor after 5 s (runner/mlflow_process/ops.py)
+SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor after 5 s (runner.mlflow_process.ops)
 
 
 def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:

@@ -1,7 +1,7 @@
 """One MLflow run as the training process sees it: metrics and tags queued, journaled, delivered in batches.
 
 `RunLog` takes any client with MlflowClient's log_batch / set_terminated / log_artifact / log_text that accepts
-plain lists for entities: runner/tracking/pipe.py (the MLflow process) in a run, `mlflow_process.Calls` in
+plain lists for entities: runner.tracking.pipe (the MLflow process) in a run, `mlflow_process.Calls` in
 process. `NullRun` is what a task that does not log reports to.
 """
 
@@ -15,7 +15,7 @@ from runner.errors import RunnerError
 from runner.tracking import journal, outbox
 
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
-FLUSH_EVERY_SEC = 5.0  # mlflow.flush_every_sec (runner/config/schema.py)
+FLUSH_EVERY_SEC = 5.0  # mlflow.flush_every_sec (runner.config.schema)
 JOURNAL_EVERY_SEC = 1.0  # what a kill -9 can lose at most
 
 log = logging.getLogger("runner")
@@ -167,7 +167,7 @@ class RunLog:
             return len(self._metrics) + len(self._tags)
 
     def log_inputs(self, datasets: list[dict]) -> None:
-        """The run's datasets (runner/sources/description.py), logged in the background: training does not wait."""
+        """The run's datasets (runner.sources.description), logged in the background: training does not wait."""
         if not datasets:
             return
 
@@ -182,7 +182,7 @@ class RunLog:
         self._side.append(thread)
 
     def log_model(self, keras_path: str, **args) -> dict:
-        """The saved model as an MLflow model (runner/mlflow_process/ops.py); raises what the MLflow process raised, or at once
+        """The saved model as an MLflow model (runner.mlflow_process.ops); raises what the MLflow process raised, or at once
         while the store is unreachable (each of its calls would wait out MLflow's retries)."""
         if self._outage is not None:
             raise RuntimeError(f"MLflow at {redact_uri(self.tracking_uri)} is unreachable ({self._outage})")

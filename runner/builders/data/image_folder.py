@@ -1,4 +1,4 @@
-"""data=image_folder -> tf.data pipelines that stream image files from the listing runner/sources/image_folder.py made.
+"""data=image_folder -> tf.data pipelines that stream image files from the listing runner.sources.image_folder made.
 
 The pipeline: (path, class index) pairs -> [shard] -> shuffle the names (all of them: names are small) -> repeat ->
 read, decode (data.color_mode's channels), resize to data.image_size, cast to float32 and multiply by data.scale ->

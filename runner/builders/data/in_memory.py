@@ -49,7 +49,7 @@ class NpzDataConfig(DataConfig):
 
 
 def _loader(name: str):
-    """The source's loader in runner/sources/in_memory.py (NumPy: imported when loading, not by config-only commands)."""
+    """The source's loader in runner.sources.in_memory (NumPy: imported when loading, not by config-only commands)."""
 
     def load(cfg):
         from runner.sources import in_memory

@@ -28,7 +28,7 @@ log = logging.getLogger("runner")
 describe("data", "train and eval splits (data.input=tf_data, numpy or from_function picks the input path)")
 
 
-class Input(StrEnum):  # data.input: the guide's input paths (runner/builders/data/pipeline.py)
+class Input(StrEnum):  # data.input: the guide's input paths (runner.builders.data.pipeline)
     tf_data = "tf_data"
     numpy = "numpy"
     from_function = "from_function"
@@ -112,7 +112,7 @@ class Data:
 
     def strip_ids(self, batch):
         """A training batch as (x, y), called at the top of each training step: record ids ride along only with
-        data=tfrecord's data.record_ids_dir (runner/builders/data/tfrecord.py)."""
+        data=tfrecord's data.record_ids_dir (runner.builders.data.tfrecord)."""
         return batch
 
     def fit_input(self, dataset_creator: bool = False):

@@ -1,6 +1,6 @@
 """data=tfds -> tf.data pipelines that stream a prepared TensorFlow Datasets dataset from data.data_dir.
 
-The dataset is opened with tfds.builder_from_directory (the directory runner/sources/tfds_prepared.py found): no dataset code
+The dataset is opened with tfds.builder_from_directory (the directory runner.sources.tfds_prepared found): no dataset code
 runs and nothing is downloaded. The pipeline: tfds's own reader (files shuffled with data.shuffle, no auto-cache,
 images left encoded) -> [shard] -> [cache] -> shuffle -> repeat -> decode the image, (image, label) by
 data.image_key / data.label_key, resize to data.image_size if set, float32 times data.scale -> batch -> prefetch.

@@ -216,7 +216,7 @@ class SpecTask(StrEnum):  # data=tfrecord's data.task: what the spec file says u
     regression = "regression"
 
 
-class ShardPolicy(StrEnum):  # data.shard_policy -> tf.data.experimental.AutoShardPolicy (runner/builders/data/tfrecord.py)
+class ShardPolicy(StrEnum):  # data.shard_policy -> tf.data.experimental.AutoShardPolicy (runner.builders.data.tfrecord)
     auto = "auto"  # by file when every worker gets a file, else by record
     file = "file"  # each worker reads its own files
     data = "data"  # every worker reads every file and keeps its own records
@@ -230,7 +230,7 @@ class TFRecordDataConfig(DataConfig):
     eval_files: Any = None  # None: evaluate on the training files
     # {name: {dtype: float32|int64, shape: [...]}}; null: the spec file runner.export writes beside the files
     # (tfrecord.json). Untyped for Hydra, which cannot add keys to a typed dict from the command line: checked in
-    # runner/sources/tfrecord.py instead.
+    # runner.sources.tfrecord instead.
     features: Any = None
     label: str | None = None  # the feature that is the label; null: the spec file's
     task: str = choice(SpecTask, "auto")  # auto: the spec file's, else classification

@@ -1,7 +1,7 @@
 """data.verify=true for data=tfrecord: every record of every file read once before training, as training would read
 it (checksums, then tf.io.parse_example against the spec, then labels within data.num_classes), so that a record
 damaged in the middle of a large file is found in the first minutes, not hours into the run. The first bad record
-is named by file and number (runner/sources/faults.py names what it can from an error met during training)."""
+is named by file and number (runner.sources.faults names what it can from an error met during training)."""
 
 import logging
 import os
