@@ -89,7 +89,7 @@ def _suggest_close_names() -> None:
             except ConfigCompositionException as err:
                 problem = None
                 if isinstance(err.__cause__, (ConfigKeyError, ConfigAttributeError)) and override.input_line:
-                    from runner.config.validate import override_problem
+                    from runner.config.suggest import override_problem
 
                     said = str(err.__cause__).splitlines()[0]
                     full_key = getattr(err.__cause__, "full_key", None)
@@ -119,7 +119,7 @@ def _suggest_close_names() -> None:
             path, options = err.missing_cfg_file or "", err.options
             if not options or "/" not in path:
                 raise
-            from runner.config.validate import option_problem
+            from runner.config.suggest import option_problem
 
             lines = str(err).splitlines()
             searched = [line.split("path=", 1)[1] for line in lines if "path=" in line]

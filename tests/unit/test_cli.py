@@ -19,7 +19,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from runner.config import helptext, registry, schema, validate
+from runner.config import helptext, registry, schema, suggest, validate
 from runner.errors import ConfigError
 
 from helpers import ROOT, runner_imports
@@ -325,8 +325,8 @@ def test_a_key_added_past_the_schema_gets_the_same_hint_from_the_runners_check()
 
 
 def test_close_names_suggests_only_what_is_close():
-    assert validate.close_names("epoch", ["epochs", "seed", "loss"]) == ["epochs"]
-    assert validate.close_names("zzz", ["epochs", "seed"]) == []
+    assert suggest.close_names("epoch", ["epochs", "seed", "loss"]) == ["epochs"]
+    assert suggest.close_names("zzz", ["epochs", "seed"]) == []
 
 
 @pytest.mark.slow  # end to end: runs `python -m runner` five times
@@ -414,7 +414,7 @@ def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_ru
 
 
 def test_a_non_ascii_value_outside_quotes_gets_the_quoted_form_hydra_takes():
-    message = validate.unquoted_non_ascii_problem(["train.epochs=1", "data.path=/data/données.npz"])
+    message = suggest.unquoted_non_ascii_problem(["train.epochs=1", "data.path=/data/données.npz"])
     assert "Write data.path='/data/données.npz'" in message and "\n" not in message, message
-    assert "Write mlflow.run_name='essai-é'" in validate.unquoted_non_ascii_problem(["mlflow.run_name=essai-é"])
-    assert validate.unquoted_non_ascii_problem(["data.path='/data/données.npz'"]) == ""  # quoted: Hydra takes it
+    assert "Write mlflow.run_name='essai-é'" in suggest.unquoted_non_ascii_problem(["mlflow.run_name=essai-é"])
+    assert suggest.unquoted_non_ascii_problem(["data.path='/data/données.npz'"]) == ""  # quoted: Hydra takes it

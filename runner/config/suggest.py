@@ -1,0 +1,132 @@
+"""Names a user mistyped, said as one paragraph with the closest real ones: an unknown key (`train.epoch` -> did you
+mean train.epochs?), a key of another option than the one selected, a group option with no config file, an override
+Hydra refused, and an override with characters beyond ASCII left unquoted. Pure: the composed config and the
+registry in, text out. The check that refuses an unknown key is `validate.no_unknown_keys`; `hydra_private` asks here
+for what Hydra refused while composing.
+"""
+
+import dataclasses
+import difflib
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import registry
+
+
+def unknown_keys(node, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """(full key, the keys its node has) for every key a schema does not declare. Hydra refuses such keys while it
+    composes, except when they are added with `+key=value`, which bypasses the schema."""
+    kind = OmegaConf.get_type(node)
+    known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    found = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if known is not None and key not in known:
+            found.append((full, known))
+        elif isinstance(node._get_node(key), DictConfig):
+            found += unknown_keys(node[key], full + ".")
+    return found
+
+
+def close_names(word: str, known) -> list[str]:
+    """The names in `known` closest to a mistyped `word` (difflib), best first: at most 3, none when nothing is close."""
+    return difflib.get_close_matches(str(word), [str(k) for k in known], n=3, cutoff=0.6)
+
+
+def _as_override(key: str, value) -> str:
+    """`key=value` for a value given as text or a scalar, else the key alone."""
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return f"{key}={value}" if isinstance(value, (str, int, float)) else key
+
+
+def key_owners(parent: str, key: str) -> list[str]:
+    """The options of group `parent` whose schema has `key` (strategy.devices: mirrored and central_storage): a key of
+    another option than the one selected."""
+    if parent not in registry.GROUPS:
+        return []
+    return [
+        o.name
+        for o in registry.options(parent).values()
+        if dataclasses.is_dataclass(o.schema) and key in {f.name for f in dataclasses.fields(o.schema)}
+    ]
+
+
+def unknown_key_problem(key: str, known, *, value=None, rest: str = "", selected=None, how: str = "") -> str:
+    """A key its node does not have, with the closest real keys: `train.epoch is not a key of train: did you mean
+    train.epochs=3? The keys of train are: ...`. `value` makes the suggestion a whole override; `rest` is what came
+    after the unknown part (trian.epochs: `epochs`), kept in the suggestion; `selected` is the group's selected option
+    (strategy=auto), for a key that another option has; `how` follows the key (how it was given)."""
+    parent, _, name = key.rpartition(".")
+    where = f"{parent}={selected}" if selected else parent or "the config"
+    close = [f"{parent}.{c}" if parent else c for c in close_names(name, known)]
+    text = f"{key} is not a key of {where}{how}"
+    if close:
+        text += f": did you mean {' or '.join(_as_override(f'{c}.{rest}' if rest else c, value) for c in close)}?"
+    else:
+        text += ", and none of its keys has a similar name."
+    text += f" The keys of {where} are: {', '.join(str(k) for k in known)}."
+    owners = [o for o in key_owners(parent, name) if o != selected]
+    if owners:
+        first = f"{parent}={owners[0]} {_as_override(key, value)}"
+        text += f" {name} is a key of {parent}={' or '.join(owners)}: select it first ({first})."
+    return text
+
+
+COMPOSED = "every key and its value: python -m runner --cfg job"
+
+
+def override_problem(key: str, value: str, cfg: DictConfig, hydra_says: str) -> str | None:
+    """Hydra refused `key=value` from the command line: the key is not in the composed config `cfg` (a typed node:
+    not in its schema; an open one, as model: not in its YAML). The message names the unknown part of the key and
+    the closest real keys there; a mistyped group name (stratgy=mirrored) is a key of the root config, so it is
+    found the same way. None when the key's path is not a mistyped name (Hydra's own message stays)."""
+    parts, node = key.split("."), cfg
+    for i, part in enumerate(parts):
+        keys = [str(k) for k in node.keys()]
+        if part not in keys:
+            parent = ".".join(parts[:i])
+            selected = node.get("name") if parent in registry.GROUPS and "name" in keys else None
+            problem = unknown_key_problem(
+                ".".join(parts[: i + 1]), keys, value=value, rest=".".join(parts[i + 1 :]), selected=selected
+            )
+            if not dataclasses.is_dataclass(OmegaConf.get_type(node)):  # open (model): a new argument is added with +
+                problem += f" A new key is added with +{key}={value}."
+            return f"{problem} Nothing ran (Hydra: {hydra_says}); {COMPOSED}."
+        child = node._get_node(part)
+        if not isinstance(child, DictConfig) or child._is_none() or child._is_missing():
+            return None  # a path through a value: not a name problem
+        node = child
+    return None
+
+
+def option_problem(group: str, name: str, options, hydra_says: str, searched=()) -> str:
+    """`group=name` names no config file of the group: the closest options, and every option."""
+    close = close_names(name, options)
+    text = f"{group}={name} is not an option of {group}"
+    text += f": did you mean {' or '.join(f'{group}={c}' for c in close)}?" if close else ", and no option has a similar name."
+    where = f"; searched {', '.join(searched)}" if searched else ""
+    return f"{text} The options of {group} are: {', '.join(options)}. Nothing ran (Hydra: {hydra_says}{where})."
+
+
+def unquoted_non_ascii_problem(argv) -> str:
+    """Hydra's override grammar takes characters beyond ASCII (données.npz, sortie-é) only inside quotes, and says
+    `LexerNoViableAltException` with a caret otherwise. The same override, quoted, is what works: say that. ''
+    when every override parses (or fails for another reason, which Hydra's own message explains)."""
+    suspects = [a for a in argv if not a.startswith("-") and "=" in a and not a.isascii()]
+    if not suspects:
+        return ""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for arg in suspects:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException:
+            key, _, value = arg.partition("=")
+            return (
+                f"{arg}: Hydra's override grammar takes characters beyond ASCII only inside quotes. Write "
+                f"{key}='{value}' (in a shell: \"{key}='{value}'\"); nothing ran."
+            )
+    return ""
