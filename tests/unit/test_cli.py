@@ -22,7 +22,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from runner.config import helptext, registry, schema, suggest, validate
 from runner.errors import ConfigError
 
-from helpers import ROOT, runner_imports
+from helpers import ROOT, composed, runner_imports
 
 schema.register()
 
@@ -132,8 +132,7 @@ def _help_groups():
 
 
 def _composed(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return composed(*overrides)
 
 
 def _help_text(*overrides) -> str:

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from runner.config import schema
 from runner.control import contract, procs, stopping
@@ -19,14 +18,14 @@ from runner.errors import ClusterError
 from runner.launch import localhost
 from runner.launch.localhost import TaskPreempted
 
+import helpers
 from helpers import ROOT
 
 schema.register()
 
 
 def composed(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=[f"output_dir={tmp_path}", *overrides])
+    return helpers.composed(f"output_dir={tmp_path}", *overrides)
 
 
 MWMS = ["strategy=multi_worker_mirrored", "cluster=localhost", "cross_device_ops=ring"]

@@ -9,18 +9,18 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
 
 from runner.config import schema
 from runner.config.validate import check_config
 from runner.errors import ConfigError, RunnerError
 
+import helpers
+
 schema.register()
 
 
 def composed(*overrides):
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=["hydra.run.dir=/tmp/x", *overrides])
+    return helpers.composed("hydra.run.dir=/tmp/x", *overrides)
 
 
 @pytest.mark.parametrize("name", ["", " ", "a/b", "team:model", "has space", "-dash-first", "x" * 201])
