@@ -5,6 +5,7 @@ MLflow server. Unit-test fixture: `sqlite_uri`, a fresh MLflow SQLite store per 
 template (MLflow's migrations take seconds; a copy takes milliseconds).
 """
 
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,13 +52,21 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def migrated_store(tmp_path_factory):
+def migrated_store(tmp_path_factory, request):
     """An MLflow SQLite store with MLflow's migrations run once, and nothing else in it: the template `sqlite_uri`
-    copies."""
+    copies. Kept in pytest's cache for this MLflow version (the migrations take seconds; the next session copies)."""
+    import mlflow
     from mlflow import MlflowClient
 
+    cache = request.config.cache.mkdir("mlflow-template") if request.config.cache else None
+    kept = cache / f"mlflow-{mlflow.__version__}.db" if cache else None
+    if kept and kept.is_file():
+        return kept
     path = tmp_path_factory.mktemp("template") / "mlflow.db"
     MlflowClient(f"sqlite:///{path}").search_experiments()
+    if kept:
+        shutil.copy(path, kept.with_suffix(".tmp"))
+        os.replace(kept.with_suffix(".tmp"), kept)  # whole or absent: two sessions at once never see half a file
     return path
 
 
