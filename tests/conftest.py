@@ -58,7 +58,8 @@ def migrated_store(tmp_path_factory, request):
     import mlflow
     from mlflow import MlflowClient
 
-    cache = request.config.cache.mkdir("mlflow-template") if request.config.cache else None
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    cache = cache.mkdir("mlflow-template") if cache else None
     kept = cache / f"mlflow-{mlflow.__version__}.db" if cache else None
     if kept and kept.is_file():
         return kept

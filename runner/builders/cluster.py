@@ -94,6 +94,14 @@ class Cluster:
         return max(1, len(jobs.get("worker", [])) + chief)
 
     @property
+    def worker_index(self) -> int:
+        """This task's place among the training processes (the chief, if any, first: MultiWorkerMirroredStrategy's
+        order); 0 for a task that trains nothing."""
+        if self.task_type not in ("chief", "worker"):
+            return 0
+        return self.task_id + (1 if self.task_type == "worker" and "chief" in self.jobs else 0)
+
+    @property
     def is_chief(self) -> bool:
         """The task that logs and saves (runner.config.layout)."""
         return layout.is_chief(self.task_type, self.task_id, self.jobs)

@@ -194,14 +194,14 @@ class StreamedData(Data):
         )
 
 
-def epoch_steps(records: int, train_cfg, what: str) -> int:
-    """train.steps_per_epoch, else a streamed source's training records // the global batch."""
+def epoch_steps(records: int, train_cfg, what: str, noun: str = "training examples") -> int:
+    """train.steps_per_epoch, else the source's training `records` // the global batch (refused when not one)."""
     gbs = train_cfg.global_batch_size
     if train_cfg.steps_per_epoch is not None:
         return train_cfg.steps_per_epoch
     if records < gbs:
         raise ConfigError(
-            f"train.global_batch_size={gbs} is larger than the {records} training examples of {what}; "
+            f"train.global_batch_size={gbs} is larger than the {records} {noun} of {what}; "
             "lower the batch or set train.steps_per_epoch (the data repeat)."
         )
     return records // gbs
@@ -244,19 +244,14 @@ def array_data(cfg, arrays, train_cfg) -> Data:
     from runner.sources.checks import check_batch_memory
 
     gbs = train_cfg.global_batch_size
-    n = len(arrays.x_train)
-    if train_cfg.steps_per_epoch is None and n < gbs:
-        raise ConfigError(
-            f"train.global_batch_size={gbs} is larger than the {n} training examples of data={cfg.name}; "
-            "lower the batch or set train.steps_per_epoch (the data repeat)."
-        )
+    steps = epoch_steps(len(arrays.x_train), train_cfg, f"data={cfg.name}")
     # The data repeat, so with train.steps_per_epoch a batch may exceed the data: refuse one that cannot fit in memory.
     check_batch_memory(gbs, arrays.x_train[0].nbytes + arrays.y_train[0].nbytes, f"data={cfg.name}")
     return Data(
         arrays=arrays,
         input=cfg.input,
         global_batch_size=gbs,
-        steps_per_epoch=train_cfg.steps_per_epoch or n // gbs,
+        steps_per_epoch=steps,
         shuffle=cfg.shuffle,
         shuffle_buffer=cfg.shuffle_buffer,
         cache=cfg.cache,

@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from runner.builders.data.pipeline import DataConfig, StreamedData, finish, streams_only
+from runner.builders.data.pipeline import DataConfig, StreamedData, epoch_steps, finish, streams_only
 from runner.config.fields import choice, ranged
 from runner.config.registry import register
 from runner.errors import ConfigError
@@ -149,15 +149,7 @@ class TFRecordData(StreamedData):
         return x, y
 
 
-def _worker_index(cluster) -> int:
-    """This task's place among the training processes (the chief, if any, first: MultiWorkerMirroredStrategy's order)."""
-    if cluster is None or cluster.task_type not in ("chief", "worker"):
-        return 0
-    return cluster.task_id + (1 if cluster.task_type == "worker" and "chief" in cluster.jobs else 0)
-
-
 def build_tfrecord_data(cfg, source, train_cfg, *, cluster=None, parameter_server=False) -> TFRecordData:
-    gbs = train_cfg.global_batch_size
     workers = cluster.num_workers if cluster is not None else 1
     steps = train_cfg.steps_per_epoch
     if steps is None:
@@ -166,12 +158,7 @@ def build_tfrecord_data(cfg, source, train_cfg, *, cluster=None, parameter_serve
                 "data.train_files are remote and no spec file counts their records: set train.steps_per_epoch "
                 "(or write them with python -m runner.export, which records the counts in tfrecord.json)."
             )
-        if source.train_records < gbs:
-            raise ConfigError(
-                f"train.global_batch_size={gbs} is larger than the {source.train_records} records of data.train_files; "
-                "lower the batch or set train.steps_per_epoch (the data repeat)."
-            )
-        steps = source.train_records // gbs
+        steps = epoch_steps(source.train_records, train_cfg, "data.train_files", noun="records")
     files = source.train_files
     if cfg.shard_policy == "file" and workers > 1 and not any(map(remote, files)) and len(files) < workers:
         raise ConfigError(
@@ -200,7 +187,7 @@ def build_tfrecord_data(cfg, source, train_cfg, *, cluster=None, parameter_serve
         parameter_server=parameter_server,
         shard_policy=cfg.shard_policy,
         num_parallel_reads=cfg.num_parallel_reads,
-        worker=_worker_index(cluster),
+        worker=cluster.worker_index if cluster is not None else 0,
         ids_file=ids_file,
     )
     if cfg.verify:
