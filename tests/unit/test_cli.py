@@ -360,6 +360,7 @@ def test_help_lists_the_user_groups_not_the_schemas_and_skips_tensorflow():
     assert len(out.splitlines()) <= 67 and loaded == []  # 66 lines of help, then the probe's own
 
 
+@pytest.mark.slow  # end to end: runs `python -m runner --help` into a pipe
 def test_help_into_a_reader_that_stops_early_prints_no_traceback():
     """`python -m runner --help | head -1`: the reader goes away after one line; the rest of --help (about 60 lines, 4.8 kB) meets
     a closed pipe. A pipe smaller than --help makes that certain here: stdout is a socket pair with a tiny buffer."""

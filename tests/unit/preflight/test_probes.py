@@ -4,6 +4,8 @@
 import multiprocessing
 import os
 
+import pytest
+
 from runner.preflight.probes import writable_dir_problem
 
 
@@ -11,6 +13,7 @@ def _probe(path, answers):
     answers.put(writable_dir_problem(path))
 
 
+@pytest.mark.slow  # 200 processes: a race needs many trials to show
 def test_tasks_probing_one_directory_together_all_find_it_usable(tmp_path):
     context = multiprocessing.get_context("fork")
     problems = []
