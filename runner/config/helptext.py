@@ -1,17 +1,15 @@
 """The config-group section of `python -m runner --help`, generated from the registry and conf/.
 
-Hydra's help template is a static string (conf/hydra/help/runner.yaml), so the section is written into it:
-`python -m runner.config.helptext` rewrites it after an option is added or changed, and a test of the registry fails
-while the file and the registry disagree. Each group is one line of its options (the default first: the defaults list of
-conf/config.yaml) and what the group is where that fits, then one line per option, the default marked `*`. A
-registered option's line is its `help`; the groups without a registry (model: any `_target_`; experiment: presets)
-have a line per YAML file, the first sentence of the file's leading comment: a new model or preset is described by
-the comment it starts with. A description longer than its line is cut at a clause boundary (`one_line`); README
-has the whole story.
+Hydra's help template (conf/hydra/help/runner.yaml) takes it through the `${runner.config_groups:}` resolver that
+runner.app registers, so a new option is listed with nothing to regenerate. Each group is one line of its options
+(the default first: the defaults list of conf/config.yaml) and what the group is where that fits, then one line per
+option, the default marked `*`. A registered option's line is its `help`; the groups without a registry (model: any
+`_target_`; experiment: presets) have a line per YAML file, the first sentence of the file's leading comment: a new
+model or preset is described by the comment it starts with. A description longer than its line is cut at a clause
+boundary (`one_line`); README has the whole story.
 """
 
 import re
-import sys
 import textwrap
 from importlib import resources
 from pathlib import Path
@@ -24,7 +22,7 @@ ORDER = ("strategy", "cross_device_ops", "cluster", "model", "data", "executor",
 INTROS = {  # what a group is, beside its options: the groups without a registry, and data's key that fits there
     "model": "an uncompiled tf_keras model built in strategy.scope(), or your own _target_",
     "experiment": "a preset applied last",
-    "data": "data.input=tf_data, numpy or from_function",
+    "data": "the input path: data.input",
 }
 DEFAULT = "*"
 START = f"== Config groups: pick one option each (group=option; {DEFAULT} the default) ==\n"
@@ -142,27 +140,7 @@ def render() -> str:
     return "\n".join(line for group in ORDER for line in _entry(group)) + "\n"
 
 
-def _help_file() -> Path:
-    return conf_dir() / "hydra" / "help" / "runner.yaml"
-
-
-def _split(text: str):
-    """(before the section, the section as the template has it, after it); the template is indented two spaces."""
-    head, rest = text.split("  " + START, 1)
-    section, tail = rest.split("\n  " + END[1:], 1)
-    return head + "  " + START, textwrap.dedent(section), "\n  " + END[1:] + tail
-
-
-def stale() -> bool:
-    return _split(_help_file().read_text())[1] != render()
-
-
-def write() -> None:
-    head, _, tail = _split(_help_file().read_text())
-    _help_file().write_text(head + textwrap.indent(render(), "  ") + tail)
-
-
-if __name__ == "__main__":
-    if "--check" in sys.argv[1:]:
-        sys.exit(1 if stale() else 0)
-    write()
+def for_template() -> str:
+    """`render()` as Hydra's help template takes it: no final newline (the template has it), `$` doubled (the
+    template goes through string.Template)."""
+    return render().rstrip("\n").replace("$", "$$")

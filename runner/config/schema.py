@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from runner.builders.data.in_memory import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
 from runner.builders.model import Loss, Optimizer
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
-from runner.config import hydra_private, registry
+from runner.config import helptext, hydra_private, registry
 from runner.config.fields import UINT32_MAX, Range, choice, ranged  # noqa: F401  (Range, ranged: their old home)
 
 
@@ -112,6 +112,8 @@ GROUP_SCHEMAS = {group: {name: o.schema for name, o in registry.options(group).i
 
 def register() -> None:
     hydra_private.install()  # a mistyped key or option composed against these schemas: the closest names
+    # `${runner.config_groups:}` in --help's template: its config-group section, rendered from the registry
+    OmegaConf.register_new_resolver("runner.config_groups", helptext.for_template, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="runner_schema", node=RunnerConfig)
     for group in registry.GROUPS:
