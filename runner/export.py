@@ -51,16 +51,20 @@ def export(data_cfg, out: str, shards: int, eval_shards: int | None = None) -> d
     """Load the source `data_cfg` names (a composed data node) and write it to `out`; returns the spec file's content."""
     from runner.sources import in_memory
 
-    if registry.get("data", data_cfg.name).caps.pipeline is not None:
-        raise ConfigError(
-            f"data={data_cfg.name} streams from files and is never loaded whole; export reads ones, synthetic, digits or npz."
-        )
+    streams = (
+        f"data={data_cfg.name} streams from files and is never loaded whole; export reads ones, synthetic, digits, npz "
+        "or a data=function that returns NumPy arrays."
+    )
+    if registry.get("data", data_cfg.name).caps.pipeline is not None and data_cfg.name != "function":
+        raise ConfigError(streams)  # refused before TensorFlow: these never hold arrays
     from runner import env
 
     env.prepare()  # TensorFlow's environment, as the runner sets it, before its import
     with env.native_stderr_captured():  # TensorFlow's C++ start-up lines (absl, CUDA probes), shown only on failure
         arrays = in_memory.load(data_cfg)
         import tensorflow as tf
+    if getattr(arrays, "streamed", False):  # data=function with a dataset_fn
+        raise ConfigError(streams.replace("streams from files", "returns a tf.data.Dataset"))
     os.makedirs(out, exist_ok=True)
 
     task = arrays.task
