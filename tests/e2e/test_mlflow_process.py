@@ -65,7 +65,7 @@ def test_a_run_whose_mlflow_process_is_killed_still_logs_every_step_and_finishes
             "mlflow.experiment_name=mlflow-process", "mlflow.run_name=killed-tracker"]  # fmt: skip
     live = LiveRun(args, tmp_path, tmp_path / "run", uri)
     live.wait_for(lambda line: "epoch 2/40" in line, 120)
-    trackers = [p for p in _child_pids(live.proc.pid) if "runner.mlflow_process.process" in _cmdline(p)]
+    trackers = [p for p in _child_pids(live.proc.pid) if "runner.mlflow_process" in _cmdline(p)]
     assert len(trackers) == 1
     os.kill(trackers[0], signal.SIGKILL)
     code, output = live.finish(timeout=300)
