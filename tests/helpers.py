@@ -35,6 +35,32 @@ def composed(*overrides, hydra: bool = False):
     return copy.deepcopy(_composed(tuple(overrides), hydra))
 
 
+def with_data(overrides, **data):
+    """`composed(*overrides)` with data.<key> set to each value of `data` (values Hydra's grammar could not carry)."""
+    from omegaconf import OmegaConf
+
+    cfg = composed(*overrides)
+    for key, value in data.items():
+        OmegaConf.update(cfg, f"data.{key}", value, merge=False)
+    return cfg
+
+
+def data_refusal(cfg) -> str:
+    """The one-line ConfigError a data config gets from the pure checks, then its option's probe."""
+    import pytest
+
+    from runner.config import validate
+    from runner.errors import ConfigError
+    from runner.preflight import needs
+
+    with pytest.raises(ConfigError) as err:
+        validate.check_config(cfg)
+        needs.option_probes(cfg)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
 @functools.cache
 def _composed(overrides: tuple, hydra: bool):
     from hydra import compose, initialize_config_module

@@ -8,41 +8,25 @@ and bad inputs of both new sources through `python -m runner` (exit 2, no traceb
 import json
 
 import pytest
-from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner.config import schema, validate
-from runner.errors import ConfigError
-from runner.preflight import needs
+from runner.config import schema
 from runner.sources.tfds_prepared import check
 from runner.sources.tfds_splits import split_size
 
-from helpers import mlflow_run_by_name, write_image_folder
+from helpers import data_refusal, mlflow_run_by_name, with_data, write_image_folder
 
 schema.register()
 OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
-BASE = {}
 
 
 def composed(**data):
-    """The composed config with data=tfds (composed once), data.* set."""
-    if not BASE:
-        with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-            BASE["cfg"] = compose(config_name="config", overrides=["data=tfds", "data.dataset=mnist"])
-    cfg = BASE["cfg"].copy()
-    for key, value in data.items():
-        OmegaConf.update(cfg, f"data.{key}", value, merge=False)
-    return cfg
+    """The composed config with data=tfds, data.* set."""
+    return with_data(["data=tfds", "data.dataset=mnist"], **data)
 
 
 def refused(**data) -> str:
-    cfg = composed(**data)
-    with pytest.raises(ConfigError) as err:
-        validate.check_config(cfg)
-        needs.option_probes(cfg)
-    message = str(err.value)
-    assert "\n" not in message
-    return message
+    return data_refusal(composed(**data))
 
 
 def fake_tfds(root, name="mnist", version="3.0.1", splits=None, supervised=True, side="28", label=None):

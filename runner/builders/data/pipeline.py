@@ -178,15 +178,7 @@ class StreamedData(Data):
     def of(cls, cfg, source, train_cfg, *, steps_per_epoch: int, cluster=None, parameter_server: bool = False, **own):
         """The data config's common keys filled in; `own`: the source's own fields."""
         return cls(
-            arrays=None,
-            input=cfg.input,
-            global_batch_size=train_cfg.global_batch_size,
-            steps_per_epoch=steps_per_epoch,
-            shuffle=cfg.shuffle,
-            shuffle_buffer=cfg.shuffle_buffer,
-            cache=cfg.cache,
-            prefetch=cfg.prefetch,
-            seed=train_cfg.seed,
+            **_common(cfg, None, train_cfg, steps_per_epoch),
             source=source,
             workers=cluster.num_workers if cluster is not None else 1,
             parameter_server=parameter_server,
@@ -247,11 +239,16 @@ def array_data(cfg, arrays, train_cfg) -> Data:
     steps = epoch_steps(len(arrays.x_train), train_cfg, f"data={cfg.name}")
     # The data repeat, so with train.steps_per_epoch a batch may exceed the data: refuse one that cannot fit in memory.
     check_batch_memory(gbs, arrays.x_train[0].nbytes + arrays.y_train[0].nbytes, f"data={cfg.name}")
-    return Data(
+    return Data(**_common(cfg, arrays, train_cfg, steps))
+
+
+def _common(cfg, arrays, train_cfg, steps_per_epoch: int) -> dict:
+    """The fields every Data takes from the data and train configs."""
+    return dict(
         arrays=arrays,
         input=cfg.input,
-        global_batch_size=gbs,
-        steps_per_epoch=steps,
+        global_batch_size=train_cfg.global_batch_size,
+        steps_per_epoch=steps_per_epoch,
         shuffle=cfg.shuffle,
         shuffle_buffer=cfg.shuffle_buffer,
         cache=cfg.cache,
