@@ -15,6 +15,8 @@ and what it returns is checked before the first step (exit 2 with one paragraph,
 
 import inspect
 import math
+import os
+import traceback
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -83,9 +85,22 @@ def _call(cfg, fn, **given):
     anything = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = {**_kwargs(cfg), **{k: v for k, v in given.items() if anything or k in params}}
     try:
-        return fn(**kwargs)
+        inspect.signature(fn).bind(**kwargs)
     except TypeError as err:
         raise ConfigError(f"{WHERE}={cfg._target_!r} does not take data.kwargs {sorted(_kwargs(cfg))}: {err}") from None
+    except ValueError:  # no signature to read (a builtin): the call says
+        pass
+    try:
+        return fn(**kwargs)
+    except ConfigError:
+        raise
+    except Exception as err:  # the user's own code failed: where, and what it said, in one line
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        said = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(
+            f"{WHERE}={cfg._target_!r} raised {type(err).__name__}{f': {said}' if said else ''} (at "
+            f"{os.path.basename(frame.filename)}:{frame.lineno}, in {frame.name}). Nothing was trained; fix the function."
+        ) from None
 
 
 @dataclass
@@ -285,6 +300,8 @@ def _module_found(cfg):
 
     target = str(cfg.data._target_)
     module = target.rpartition(".")[0]
+    if not module:
+        raise ConfigError(f"{WHERE}={target!r} names no function: give module.function (my_data.make for make() in my_data.py).")
     try:
         found = bool(module) and importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that cannot be imported

@@ -61,6 +61,20 @@ def test_a_function_that_is_not_there_is_named():
         function.load_source(data("data._target_=my_data.pairs", "+data.kwargs.bogus=1"))
 
 
+def test_a_function_that_fails_is_one_line_naming_where(monkeypatch):
+    module = type(sys)("failing")
+
+    def make():
+        raise RuntimeError("disk on fire\nmore detail")
+
+    module.make = make
+    monkeypatch.setitem(sys.modules, "failing", module)
+    with pytest.raises(ConfigError) as err:
+        function.load_source(data("data._target_=failing.make"))
+    assert "data._target_='failing.make' raised RuntimeError: disk on fire (at test_function_data.py:" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_the_probe_finds_the_module_without_importing_it():
     cfg = composed("data=function", "data._target_=my_data.pairs")
     sys.modules.pop("my_data", None)
@@ -68,6 +82,8 @@ def test_the_probe_finds_the_module_without_importing_it():
     assert "my_data" not in sys.modules  # found on the path, not run (a user's module may import TensorFlow)
     with pytest.raises(ConfigError, match="no module 'nosuch' on the Python path"):
         function._module_found(composed("data=function", "data._target_=nosuch.fn"))
+    with pytest.raises(ConfigError, match="names no function: give module.function"):
+        function._module_found(composed("data=function", "data._target_=my_data"))
 
 
 def test_the_schema_takes_the_users_keys():
