@@ -13,6 +13,34 @@ import pytest
 
 from helpers import MlflowServer, build_tfds, run_runner
 
+# End-to-end tests that start a machine-wide daemon another file also starts: one scope, so never two at once
+SHARED_DAEMONS = {
+    "slurm": ("tests/e2e/test_slurm.py::", "test_readme_command[srun:", "test_readme_command[submitit:"),
+    "ray": ("tests/e2e/test_ray.py::", "test_readme_command[ray:"),
+}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes whole: an end-to-end file (its module fixtures, such as a store,
+    README's batch of runs, a Slurm cluster or a Ray head, start once), a shared daemon's tests, or one unit test."""
+    for daemon, marks in SHARED_DAEMONS.items():
+        if any(m in nodeid for m in marks):
+            return daemon
+    path = nodeid.split("::", 1)[0]
+    return path if path.startswith("tests/e2e/") else nodeid
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` schedules by xdist_scope. (pytest-xdist's own loadgroup loses its groups on pytest 9.2:
+    pytest-dev/pytest-xdist#1386.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return xdist_scope(nodeid)
+
+    return ByScope(config, log)
+
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory):

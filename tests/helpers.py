@@ -127,19 +127,31 @@ def mlflow_run_by_name(uri, experiment, name):
     return client, found[0]
 
 
-def leftover_processes(marker_env="RUNNER_LAUNCH_ID"):
-    """PIDs of processes that still carry a launcher's marker in their environment."""
+def processes_with(*entries: str) -> list[int]:
+    """PIDs of live processes whose environment holds every entry: `NAME` (any value) or `NAME=value` (exactly).
+
+    Scoped to this pytest process's own: under pytest-xdist each worker's children inherit its PYTEST_XDIST_WORKER,
+    so a test never counts what a test on the other worker started meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    wanted = [*entries, *([f"PYTEST_XDIST_WORKER={worker}"] if worker else [])]
     found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker_env.encode() + b"=" in f.read():
-                    found.append(int(pid))
+                env = f.read().split(b"\0")
         except OSError:
             continue
+        names = {e.split(b"=", 1)[0] for e in env}
+        if all((w.encode() in env) if "=" in w else (w.encode() in names) for w in wanted):
+            found.append(int(pid))
     return found
+
+
+def leftover_processes(marker_env="RUNNER_LAUNCH_ID"):
+    """PIDs of this session's processes that still carry a launcher's marker in their environment."""
+    return processes_with(marker_env)
 
 
 class LiveRun:

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, mlflow_run_by_name
+from helpers import ROOT, mlflow_run_by_name, processes_with
 from netns_cluster import NetnsCluster, NetnsUnavailable, Tasks
 
 pytestmark = pytest.mark.slow
@@ -57,15 +57,7 @@ def netns():
 def leftover_processes():
     """This file's runner processes still alive (their environment carries RUNNER_LAUNCH_ID=netns-test; other
     tests' processes, which may run meanwhile, carry other values)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"RUNNER_LAUNCH_ID={MARK}\0".encode() in f.read() + b"\0":
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return processes_with(f"RUNNER_LAUNCH_ID={MARK}")
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from helpers import CLUSTER_TINY, LiveRun, mlflow_run_by_name, run_runner, runner_imports
+from helpers import CLUSTER_TINY, LiveRun, mlflow_run_by_name, processes_with, run_runner, runner_imports
 
 pytestmark = pytest.mark.slow  # end to end: a Ray head, and `python -m runner` clusters of real task processes
 
@@ -26,17 +26,8 @@ MARK = f"RUNNER_RAY_TEST_{uuid.uuid4().hex}"  # in this process's environment wh
 
 
 def _marked(*also: str) -> list[int]:
-    """PIDs of live processes whose environment holds MARK (and every variable in `also`)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if int(pid) != os.getpid() and all(f"{name}=".encode() in env for name in (MARK, *also)):
-            found.append(int(pid))
-    return found
+    """PIDs of this session's live processes whose environment holds MARK (and every variable in `also`)."""
+    return processes_with(MARK, *also)
 
 
 def _until_none(find, seconds=15):

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, free_port, live_group_members, serve_and_predict, write_bmp, write_image_folder
+from helpers import ROOT, free_port, live_group_members, processes_with, serve_and_predict, write_bmp, write_image_folder
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -790,15 +790,7 @@ def run_ray(scratch, tokens):
 
 
 def _processes_with(variable):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"{variable}=".encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return processes_with(variable)
 
 
 def check_ray(scratch, args, result):
@@ -872,7 +864,9 @@ def results(scratch, tfds_dir):
 
 
 @pytest.mark.slow  # end to end: runs README's commands (training runs, sweeps, benchmarks)
-@pytest.mark.parametrize("command", list(KINDS), ids=[re.sub(r"\s+", " ", k)[:90] for k in KINDS])
+@pytest.mark.parametrize(
+    "command", list(KINDS), ids=[kind + ": " + re.sub(r"\s+", " ", k)[:80] for k, (kind, _) in KINDS.items()]
+)  # the kind first: conftest.py's xdist_scope keeps the srun / submitit / ray ones with their daemon's file
 def test_readme_command(command, request):
     kind, reason = KINDS[command]
     if reason:

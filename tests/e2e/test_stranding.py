@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import LiveRun, mlflow_run_by_name, run_runner
+from helpers import LiveRun, mlflow_run_by_name, processes_with, run_runner
 
 pytestmark = pytest.mark.slow  # end to end: kills real `python -m runner` launchers and their tasks
 
@@ -28,16 +28,8 @@ EXPERIMENT = "stranding"
 
 
 def _carrying(marker: bytes):
-    """PIDs of live processes whose environment holds exactly this NAME=value."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    """PIDs of this session's live processes whose environment holds exactly this NAME=value."""
+    return processes_with(marker.decode())
 
 
 @pytest.fixture(scope="module")
