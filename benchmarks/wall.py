@@ -3,6 +3,7 @@
     python -m benchmarks.wall                  # 6 rows x 3 sides x 3 interleaved rounds, 3000 steps; ~15 min on 2 cores
     python -m benchmarks.wall --quick          # one row, 20 steps, one round: checks that it runs
     python -m benchmarks.wall --compute-bound  # MobileNetV2 on 32x32x3 images instead of the MLP (COMPUTE_ROWS)
+    python -m benchmarks.wall --only-sweep     # only the sweep row: a 4-job sweep vs its 4 jobs typed one by one
 
 Sides, each a fresh process: the runner with MLflow (its default), the runner with mlflow.enabled=false, and a
 guide-style script (benchmarks/handwritten.py --save: train, then model.save; no tracking). Rounds are
@@ -11,7 +12,9 @@ down (imports, MLflow run creation, build, first step, training, evaluation, sav
 is left, up to the process's exit, is `exit`. Speed ratios are times inverted: "speed, on / off" is the
 MLflow-off time divided by the MLflow-on time (1.0: tracking costs nothing; above 0.95 is the target). The
 per-step slope (between --slope-steps and --steps) comes from whole-process times only. --end-steps measures how
-the cost after the last step grows with the run's length.
+the cost after the last step grows with the run's length. The sweep row times `python -m runner -m SWEEP` against
+the same jobs started one after another (MLflow on in both, one store): "speed, sweep / one by one" is the second
+time divided by the first (above 0.95 is the target).
 
 --compute-bound: the same comparison where a step's compute, not the host, dominates: model=keras_app
 (MobileNetV2, random weights, no top, average pooling, Dense logits) on seeded Gaussian 32x32x3 images with 10
@@ -23,6 +26,7 @@ global batch 64, 300 steps (slope from 100), rows COMPUTE_ROWS, no end-cost tabl
 """
 
 import argparse
+import itertools
 import os
 import re
 import statistics
@@ -49,6 +53,9 @@ COMPUTE_ROWS = [
 MLP_DATA = ("data.num_examples=4096", "data.eval_examples=256")  # the runner's data for ROWS (synthetic, the MLP)
 IMAGES = {"train": 2048, "eval": 256, "shape": (32, 32, 3), "classes": 10}
 AFTER_TRAINING = ("evaluation", "save", "mlflow end", "exit")
+SWEEP = {"strategy": ("default", "mirrored"), "executor": ("fit", "custom_loop")}  # 4 jobs, grid order
+SWEEP_QUICK = {"executor": ("fit", "custom_loop")}  # --quick: 2 jobs
+SWEEP_STEPS = 200
 
 
 def runner_argv(strategy, cpus, executor, steps, gbs, data=MLP_DATA):
@@ -58,6 +65,12 @@ def runner_argv(strategy, cpus, executor, steps, gbs, data=MLP_DATA):
         sys.executable, "-m", "runner", f"strategy={strategy}", f"executor={executor}", f"devices.logical_cpus={cpus}",
         f"train.global_batch_size={gbs}", "train.epochs=1", f"train.steps_per_epoch={steps}", *data, "executor.verbose=0",
     ]  # fmt: skip
+
+
+def sweep_args(grid, steps):
+    """The overrides of the sweep row: the grid ({key: values, or one value}) and what every job shares."""
+    swept = [f"{k}={v if isinstance(v, str) else ','.join(v)}" for k, v in grid.items()]
+    return [*swept, "devices.logical_cpus=2", "train.epochs=1", f"train.steps_per_epoch={steps}", "executor.verbose=0"]
 
 
 def write_images(workdir) -> str:
@@ -114,6 +127,31 @@ class Wall:
         phases["exit"] = max(0.0, wall - sum(phases.values()))
         return wall, phases
 
+    def sweep(self, grid, steps):
+        """(wall of the sweep, {"jobs": n}): `python -m runner -m` over `grid` ({key: values})."""
+        wall, out = self._time(
+            [
+                sys.executable, "-m", "runner", "-m", *sweep_args(grid, steps), *self.extra,
+                f"hydra.sweep.dir={self.workdir}/sweeps/{self.count}", f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db",
+                "mlflow.experiment_name=wall-sweep",
+            ]
+        )  # fmt: skip
+        return wall, {"jobs": out.count("job #")}
+
+    def one_by_one(self, grid, steps):
+        """(wall of the grid's jobs typed one after another, {}): each a command of its own, in the sweep's order."""
+        total = 0.0
+        for values in itertools.product(*grid.values()):
+            wall, _ = self._time(
+                [
+                    sys.executable, "-m", "runner", *sweep_args(dict(zip(grid, values)), steps), *self.extra,
+                    f"hydra.run.dir={self.workdir}/runs/{self.count}",
+                    f"mlflow.tracking_uri=sqlite:///{self.workdir}/bench.db", "mlflow.experiment_name=wall-sweep",
+                ]
+            )  # fmt: skip
+            total += wall
+        return total, {}
+
     def script(self, strategy, cpus, executor, steps):
         save = tempfile.mkdtemp(dir=self.workdir)
         wall, _ = self._time(
@@ -156,6 +194,7 @@ def main(argv=None):
     p.add_argument("--slope-steps", type=int, default=None, help="the shorter run of the per-step slope (0: no slope); "
                    "default 300; 100 with --compute-bound")  # fmt: skip
     p.add_argument("--only-end", action="store_true", help="only the cost after the last step (--end-steps)")
+    p.add_argument("--only-sweep", action="store_true", help="only the sweep row (SWEEP: 4 jobs, 200 steps each)")
     p.add_argument("--runner-args", default="", help="more overrides for every runner run, space-separated")
     p.add_argument("--end-steps", default=None, help="run lengths for the cost after the last step ('': none); "
                    "default 1000,10000,100000; none with --compute-bound")  # fmt: skip
@@ -195,7 +234,7 @@ def main(argv=None):
     if args.runner_args:
         say(f"Every runner run with: {args.runner_args}")
         say("")
-    main_rows = [] if args.only_end else rows
+    main_rows = [] if args.only_end or args.only_sweep else rows
     if main_rows:
         say(
             f"whole-process wall time, {args.steps} steps x global batch {args.global_batch}, {args.rounds} interleaved "
@@ -225,6 +264,21 @@ def main(argv=None):
             f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
             f"{script / on:.3f} | {after:.2f} | {breakdown} | {off_breakdown} |"
         )
+    if not args.only_end and not args.compute_bound:
+        grid, steps = (SWEEP_QUICK, args.steps) if args.quick else (SWEEP, SWEEP_STEPS)
+        res = interleaved({"sweep": lambda: w.sweep(grid, steps), "one by one": lambda: w.one_by_one(grid, steps)}, args.rounds)
+        sweep, single = (statistics.median(t for t, _ in res[k]) for k in ("sweep", "one by one"))
+        jobs = len(list(itertools.product(*grid.values())))
+        assert all(p["jobs"] >= jobs for _, p in res["sweep"]), "the sweep did not run every job"
+        say("")
+        say(
+            f"A sweep against its jobs one by one, whole process, MLflow on, {args.rounds} interleaved round(s), medians: "
+            f"`python -m runner -m {' '.join(sweep_args(grid, steps))}`"
+        )
+        say("")
+        say("| jobs | sweep (s) | one by one (s) | speed, sweep / one by one |")
+        say("|---|---|---|---|")
+        say(f"| {jobs} | {sweep:.2f} | {single:.2f} | {single / sweep:.3f} |")
     if args.slope_steps and main_rows:
         say("")
         say(f"Per-step slope from whole-process times, ({args.steps} - {args.slope_steps} steps), medians:")
@@ -246,7 +300,7 @@ def main(argv=None):
             r = 1000 * (med["runner long"] - med["runner short"]) / span
             s = 1000 * (med["script long"] - med["script short"]) / span
             say(f"| {strategy} ({cpus}) | {executor} | {r:.3f} | {s:.3f} | {s / r:.3f} |")
-    if args.end_steps:
+    if args.end_steps and not args.only_sweep:
         say("")
         say(
             "Cost after the last training step (evaluation, save, last MLflow delivery, exit), MLflow on, "
@@ -260,7 +314,8 @@ def main(argv=None):
             _, phases = w.runner(strategy, cpus, executor, steps)
             say(f"| {steps} | {sum(phases.get(k, 0.0) for k in AFTER_TRAINING):.2f} | {phases.get('mlflow end', 0.0):.2f} |")
     name = "benchmarks-wall-compute.md" if args.compute_bound else "benchmarks-wall.md"
-    out = args.out or (None if args.quick else os.path.join(HERE, "..", "docs", name))
+    partial = args.quick or args.only_sweep or args.only_end  # not the whole page: printed, written only with --out
+    out = args.out or (None if partial else os.path.join(HERE, "..", "docs", name))
     if out:
         from benchmarks.run import machine
 

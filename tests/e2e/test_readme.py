@@ -567,6 +567,9 @@ def check_benchmark(scratch, args, result):
             assert f"| {chosen}" in text or chosen in text
     else:
         assert sum(line.startswith("| ") for line in proc.stdout.splitlines()) >= 3, proc.stdout[-2000:]
+        if "benchmarks.wall" in args:  # the sweep row: a 2-job sweep against its jobs typed one by one
+            assert "speed, sweep / one by one" in proc.stdout, proc.stdout[-2000:]
+            assert re.search(r"^\| 2 \| [0-9.]+ \|", proc.stdout, re.M), proc.stdout[-2000:]
 
 
 def check_gpu_benchmark(scratch, args, proc):
