@@ -193,12 +193,21 @@ def run(cfg: DictConfig) -> dict:
     launcher = registry.selected(cfg, "cluster").caps.launcher
     if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors); no TensorFlow in this process
         return _written(cfg, importlib.import_module(launcher).launch(cfg, chosen))
-    from runner.tracking.run import prestart
+    from hydra.core.hydra_config import HydraConfig
 
-    prestart(cfg)  # MLflow gets ready in its own process while this one imports TensorFlow
-    from runner.experiment import run_experiment  # imports TensorFlow
+    from runner.tracking.run import end_prestarted, prestart
 
-    return _written(cfg, run_experiment(cfg, chosen))
+    # MLflow gets ready in its own process, and creates the run there, while this one imports TensorFlow
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    prestart(cfg, overrides, chosen.tags if chosen else {})
+    try:
+        from runner.experiment import run_experiment  # imports TensorFlow
+
+        summary = run_experiment(cfg, chosen)
+    except BaseException as err:
+        end_prestarted(err)  # a run created ahead that training never reached: ended, not left RUNNING
+        raise
+    return _written(cfg, summary)
 
 
 def _written(cfg, summary: dict) -> dict:

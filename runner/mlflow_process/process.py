@@ -38,6 +38,7 @@ class Calls:
     def __init__(self, client, uri: str, owner_pid: int):
         self.client, self.uri, self.owner_pid = client, uri, owner_pid
         self._monitors: dict = {}  # run id -> its system-metrics monitor (runner.mlflow_process.ops)
+        self._niced = False
 
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -99,6 +100,9 @@ class Calls:
             started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
             if system_metrics_every_sec and not attached:
                 self.start_system_metrics(started["run_id"], system_metrics_every_sec, bool(resumed))
+            if not self._niced:  # the training process waits for the run's start (and its end): not for what comes between
+                os.nice(NICENESS)
+                self._niced = True
             launcher = cfg["cluster"]["name"] in ("localhost", "ray") and not attached  # its chief task logs the model
             if cfg.get("save_model") and cfg["mlflow"].get("log_model") and not launcher:
                 from runner.mlflow_process.ops import warm_up
@@ -189,6 +193,9 @@ class _Forward(logging.Handler):
 
     def emit(self, record):
         self.send({"log": [record.levelno, record.getMessage()]})
+
+
+NICENESS = 10  # once the run exists, below training in the CPU's queue: its work waits, training's steps do not
 
 
 def main(argv) -> None:

@@ -92,6 +92,10 @@ class Pipe:
 
     def call(self, op: str, timeout: float | None = None, **args):
         """Send one call and wait for its answer (at most `timeout` seconds: then TimeoutError, the call goes on)."""
+        return self.submit(op, **args).result(timeout)
+
+    def submit(self, op: str, **args) -> Future:
+        """Send one call; its answer (or PipeError / ConfigError) comes in the Future."""
         waiter: Future = Future()
         with self._lock:
             self._restart_if_gone()
@@ -105,7 +109,7 @@ class Pipe:
             except (OSError, ValueError) as err:  # its stdin is closed: it is gone
                 self._waiting.pop(number, None)
                 raise PipeError(f"the MLflow process (pid {self.proc.pid}) is gone ({err})") from None
-        return waiter.result(timeout)
+        return waiter
 
     # MlflowClient's names, with plain lists for entities: [key, value, timestamp, step], [key, value].
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:

@@ -11,11 +11,12 @@ import logging
 import os
 import traceback
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import layout
-from runner.config.redact import is_secret_name, redact, redact_uri
+from runner.config.redact import is_secret_name, redact, redact_mapping, redact_uri
 from runner.control import contract
 from runner.errors import ConfigError
 from runner.tracking.pipe import Pipe, PipeError
@@ -54,9 +55,11 @@ def flatten(node, prefix: str = "") -> dict[str, str]:
     return out
 
 
-__all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "resolve_tracking_uri", "flatten", "env_tags"]
+__all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "end_prestarted", "resolve_tracking_uri", "flatten", "env_tags"]
 
 _prestarted: dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
+_early: dict[str, tuple[dict, Future]] = {}  # tracking URI -> a new run's start call, sent ahead: (its args, answer)
+EARLY_END_WAIT_SEC = 30.0  # for an early run's start to answer, so that it can be ended (it was sent seconds ago)
 
 
 def _saved_run_id(output_dir: str | None) -> str | None:
@@ -84,8 +87,10 @@ def _logs_here(cfg: DictConfig) -> bool:
     return layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG"))
 
 
-def prestart(cfg: DictConfig) -> None:
-    """Start the MLflow process now, so that it gets ready while this process imports TensorFlow."""
+def prestart(cfg: DictConfig, overrides=None, tags: dict | None = None) -> None:
+    """Start the MLflow process now, so that it gets ready while this process imports TensorFlow. Given the run's
+    overrides, a new run of a one-process job is also created now, there, instead of after TensorFlow's import
+    (`mlflow_run` takes it; `end_prestarted` ends it if training never gets that far)."""
     if not _logs_here(cfg):
         return
     try:
@@ -94,6 +99,13 @@ def prestart(cfg: DictConfig) -> None:
         return  # raised again where the run starts
     if uri not in _prestarted:
         _prestarted[uri] = Pipe.spawn(uri)
+    new_run = not os.environ.get(contract.ATTACH_RUN) and _saved_run_id(cfg.output_dir) is None
+    if overrides is not None and cfg.cluster.name == "local" and new_run and uri not in _early:
+        args = _start_args(cfg, overrides, tags or {})
+        try:
+            _early[uri] = (args, _prestarted[uri].submit("start", **args))
+        except PipeError:
+            pass  # started (and its error said) where the run starts
 
 
 def where_line(run, cfg) -> str:
@@ -110,8 +122,33 @@ def where_line(run, cfg) -> str:
 
 def discard_prestarted() -> None:
     """This process turned out not to log (a server or evaluator task): let its MLflow process go."""
+    end_prestarted(None)
+
+
+def end_prestarted(err: BaseException | None) -> None:
+    """Before `mlflow_run` took them: end each run created ahead, FAILED (KILLED for Ctrl-C or SIGTERM) naming `err`,
+    so that none is left RUNNING; then let the MLflow processes go."""
+    while _early:
+        uri, (_, answer) = _early.popitem()
+        _end_early(_prestarted[uri], answer, err)
     while _prestarted:
         _prestarted.popitem()[1].close()
+
+
+def _end_early(pipe: Pipe, answer: Future, err: BaseException | None) -> None:
+    from runner.control.stopping import Stopped
+
+    try:
+        run_id = answer.result(EARLY_END_WAIT_SEC)["run_id"]
+        killed = isinstance(err, (KeyboardInterrupt, Stopped))
+        tags = [["stopped_by", getattr(err, "signal_name", "SIGINT")]] if killed else []
+        if err is not None and not killed:
+            tags.append(["error", f"{type(err).__name__}: {err}"[:5000]])
+        if tags:
+            pipe.log_batch(run_id, tags=tags)
+        pipe.set_terminated(run_id, "KILLED" if killed else "FAILED")
+    except Exception:  # never created (MLflow unreachable, the process gone): nothing to end
+        pass
 
 
 @contextlib.contextmanager
@@ -128,9 +165,10 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
 
     uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
     pipe = _prestarted.pop(uri, None) or Pipe.spawn(uri)
-    discard_prestarted()
+    early = _early.pop(uri, None)
+    discard_prestarted()  # the MLflow processes of other stores
     try:
-        runlog = _start(cfg, overrides, uri, pipe, tags or {})
+        runlog = _start(cfg, overrides, uri, pipe, tags or {}, early)
     except BaseException:
         pipe.close()
         raise
@@ -181,10 +219,9 @@ def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:
         log.warning("system metrics: not waiting for the monitor's last point")
 
 
-def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict) -> RunLog:
-    """Continue, attach to, or create the run (in the MLflow process); a new run's id is saved beside its outputs."""
+def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
+    """The MLflow process's `start` call for this run (runner.mlflow_process.process.Calls.start)."""
     attached = os.environ.get(contract.ATTACH_RUN)
-    resumed = None if attached else _saved_run_id(cfg.output_dir)
     tags = {
         "overrides": " ".join(overrides),
         "executor": cfg.executor.name,
@@ -193,17 +230,31 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict) -
         **extra_tags,
         **env_tags(),
     }
+    return dict(
+        cfg=OmegaConf.to_container(cfg, resolve=True),
+        overrides=list(overrides),
+        attached=attached,
+        resumed=None if attached else _saved_run_id(cfg.output_dir),
+        parent=os.environ.get(contract.PARENT_RUN),
+        job=os.environ.get(contract.SWEEP_JOB),
+        tags=tags,
+        system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,
+    )
+
+
+def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, early=None) -> RunLog:
+    """Continue, attach to, or create the run (in the MLflow process), or take `early`, the one `prestart` created;
+    a new run's id is saved beside its outputs."""
+    args = _start_args(cfg, overrides, extra_tags)
+    attached, resumed = args["attached"], args["resumed"]
     try:
-        started = pipe.start(
-            cfg=OmegaConf.to_container(cfg, resolve=True),
-            overrides=list(overrides),
-            attached=attached,
-            resumed=resumed,
-            parent=os.environ.get(contract.PARENT_RUN),
-            job=os.environ.get(contract.SWEEP_JOB),
-            tags=tags,
-            system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,
-        )
+        if early is not None:  # the same config, overrides and tags, sent before TensorFlow's import
+            started = early[1].result()
+            changed = {k: v for k, v in args["tags"].items() if early[0]["tags"].get(k) != v}  # env.* set since
+            if changed:
+                pipe.log_batch(started["run_id"], tags=[[k, v] for k, v in redact_mapping(changed).items()])
+        else:
+            started = pipe.start(**args)
     except PipeError as err:
         raise ConfigError(
             f"MLflow at {redact_uri(uri)} could not start the run ({err}); nothing was trained. Check "
