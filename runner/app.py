@@ -193,13 +193,10 @@ def run(cfg: DictConfig) -> dict:
     launcher = registry.selected(cfg, "cluster").caps.launcher
     if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors); no TensorFlow in this process
         return _written(cfg, importlib.import_module(launcher).launch(cfg, chosen))
-    from hydra.core.hydra_config import HydraConfig
-
-    from runner.tracking.run import end_prestarted, prestart
+    from runner.tracking.run import end_prestarted, prestart, task_overrides
 
     # MLflow gets ready in its own process, and creates the run there, while this one imports TensorFlow
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    prestart(cfg, overrides, chosen.tags if chosen else {})
+    prestart(cfg, task_overrides(), chosen.tags if chosen else {})
     try:
         from runner.experiment import run_experiment  # imports TensorFlow
 

@@ -22,7 +22,7 @@ from runner.sources import faults, in_memory
 from runner.sources.description import describe as describe_data
 from runner.tracking import phases
 from runner.tracking.logged_model import log_mlflow_model
-from runner.tracking.run import NullRun, discard_prestarted, mlflow_run, where_line
+from runner.tracking.run import NullRun, discard_prestarted, mlflow_run, task_overrides, where_line
 
 log = logging.getLogger("runner")
 
@@ -46,12 +46,6 @@ def _model_keys(cfg: DictConfig) -> str:
     except Exception:  # no Hydra here (a test, a task's own composition): the keys alone
         choice = None
     return " ".join([f"model={choice}"] * bool(choice) + keys)
-
-
-def _hydra_overrides():
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _import_tensorflow(devices_cfg):
@@ -109,7 +103,7 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
     if not logs:
         discard_prestarted()
     tags = chosen.tags if chosen else {}
-    run_context = mlflow_run(cfg, _hydra_overrides(), tags) if logs else contextlib.nullcontext(NullRun())
+    run_context = mlflow_run(cfg, task_overrides(), tags) if logs else contextlib.nullcontext(NullRun())
     with run_context as run, stopping.Sentinel(run, cfg.output_dir) as sentinel:
         phases.mark("mlflow start")
         try:

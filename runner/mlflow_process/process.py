@@ -30,6 +30,7 @@ from runner.mlflow_process import delivery
 from runner.tracking import outbox
 
 log = logging.getLogger("runner")
+NICENESS = 10  # once the run exists, below training in the CPU's queue: its work waits, training's steps do not
 
 
 class Calls:
@@ -193,9 +194,6 @@ class _Forward(logging.Handler):
 
     def emit(self, record):
         self.send({"log": [record.levelno, record.getMessage()]})
-
-
-NICENESS = 10  # once the run exists, below training in the CPU's queue: its work waits, training's steps do not
 
 
 def main(argv) -> None:

@@ -62,6 +62,13 @@ _early: dict[str, tuple[dict, Future]] = {}  # tracking URI -> a new run's start
 EARLY_END_WAIT_SEC = 30.0  # for an early run's start to answer, so that it can be ended (it was sent seconds ago)
 
 
+def task_overrides() -> list[str]:
+    """The command line's overrides of this run (Hydra's task overrides; none outside a Hydra app)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def _saved_run_id(output_dir: str | None) -> str | None:
     path = os.path.join(output_dir or "", layout.RUN_ID_FILE)
     return open(path).read().strip() if output_dir and os.path.isfile(path) else None
@@ -245,12 +252,12 @@ def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
 def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, early=None) -> RunLog:
     """Continue, attach to, or create the run (in the MLflow process), or take `early`, the one `prestart` created;
     a new run's id is saved beside its outputs."""
-    args = _start_args(cfg, overrides, extra_tags)
+    args, answer = early if early is not None else (_start_args(cfg, overrides, extra_tags), None)
     attached, resumed = args["attached"], args["resumed"]
     try:
-        if early is not None:  # the same config, overrides and tags, sent before TensorFlow's import
-            started = early[1].result()
-            changed = {k: v for k, v in args["tags"].items() if early[0]["tags"].get(k) != v}  # env.* set since
+        if answer is not None:  # the same config, overrides and tags, sent before TensorFlow's import
+            started = answer.result()
+            changed = {k: v for k, v in env_tags().items() if args["tags"].get(k) != v}  # env.* set since
             if changed:
                 pipe.log_batch(started["run_id"], tags=[[k, v] for k, v in redact_mapping(changed).items()])
         else:
