@@ -132,7 +132,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
 
     from runner.builders.data.pipeline import build_data
     from runner.builders.executor import build_executor
-    from runner.builders.model import build_model, build_optimizer, loss_name
+    from runner.builders.model import build_model, loss_name
+    from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
     from runner.executors.base import Job, done_line
     from runner.executors.checkpoints import Checkpoints
@@ -171,9 +172,10 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
     if cfg.train.mixed_precision:
         tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    total_steps = cfg.train.epochs * data.steps_per_epoch
     with strategy.scope():
         model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, cfg.train.global_batch_size)
-        optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision)
+        optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model
     if saves != cluster.is_chief:  # the MLflow run was started (or not) on layout.is_chief, before the strategy existed
@@ -203,6 +205,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         checkpoints=checkpoints,
         checkpoint_every=cfg.checkpoint.every_n_steps,
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
+        schedule=scheduled(cfg.train.optimizer, total_steps),
     )
     phases.mark("build")  # strategy, data, model
     result = build_executor(cfg.executor)(job)

@@ -7,6 +7,7 @@ to register the options, so TensorFlow is imported inside the builders, never at
 
 Imports: runner.errors, runner.tf_private, runner.config, runner.sources, runner.preflight (network probes a cluster
 builder reuses), runner.executors (the executor builder returns an executor's run function)
-TensorFlow: in functions
+TensorFlow: in functions; at module level in runner.builders.lr_schedule (the schedule tf_keras lacks, looked up there by a saved
+model; only the optimizer's builder imports it)
 mlflow: never
 """

@@ -1,4 +1,5 @@
-"""model -> an uncompiled tf_keras model from `model._target_`, plus the loss, metrics and optimizer for it.
+"""model -> an uncompiled tf_keras model from `model._target_`, plus the loss and metrics for it (the optimizer:
+runner.builders.optimizer).
 
 Call these inside strategy.scope(): variables created there are distributed by the strategy.
 """
@@ -20,15 +21,6 @@ class Loss(StrEnum):
     mse = "mse"
     binary_crossentropy = "binary_crossentropy"
     sparse_categorical_crossentropy = "sparse_categorical_crossentropy"
-
-
-class Optimizer(StrEnum):
-    """train.optimizer.name (typed by it in runner.config.schema); built by _optimizer below."""
-
-    sgd = "sgd"
-    adam = "adam"
-    rmsprop = "rmsprop"
-    adagrad = "adagrad"
 
 
 def _leaf_layers(layer):
@@ -188,26 +180,3 @@ def build_metrics(name: str):
     if name == "sparse_categorical_crossentropy":
         return [tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     return []
-
-
-def build_optimizer(cfg, mixed_precision: bool = False):
-    optimizer = _optimizer(cfg)
-    if mixed_precision:  # float16 gradients underflow without loss scaling
-        import tf_keras
-
-        optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
-    return optimizer
-
-
-def _optimizer(cfg):
-    import tf_keras
-
-    opt = tf_keras.optimizers
-    kwargs = {"learning_rate": cfg.learning_rate}
-    if cfg.clipnorm is not None:
-        kwargs["clipnorm"] = cfg.clipnorm
-    if cfg.name == "sgd":
-        return opt.SGD(momentum=cfg.momentum, **kwargs)
-    if cfg.name == "rmsprop":
-        return opt.RMSprop(momentum=cfg.momentum, **kwargs)
-    return {"adam": opt.Adam, "adagrad": opt.Adagrad}[cfg.name](**kwargs)

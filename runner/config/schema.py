@@ -14,7 +14,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from runner.builders.data.in_memory import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
-from runner.builders.model import Loss, Optimizer
+from runner.builders.model import Loss
+from runner.builders.optimizer import Optimizer, Schedule
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
 from runner.config import helptext, hydra_private, registry
 from runner.config.fields import UINT32_MAX, Range, choice, ranged  # noqa: F401  (Range, ranged: their old home)
@@ -29,11 +30,24 @@ class DevicesConfig:
 
 
 @dataclass
+class ScheduleConfig:
+    """The learning rate over the global step (runner.builders.optimizer): a linear warm-up from 0, then constant or a
+    cosine / linear decay to final_fraction x learning_rate; logged as train/learning_rate."""
+
+    name: str = choice(Schedule, "constant")
+    warmup_steps: int = ranged(0, ge=0)
+    decay_steps: int | None = ranged(None, ge=1, null="the run's steps after the warm-up")
+    final_fraction: float = ranged(0.0, ge=0, le=1)  # the decay's end, as a fraction of learning_rate
+
+
+@dataclass
 class OptimizerConfig:
     name: str = choice(Optimizer, "sgd")
-    learning_rate: float = ranged(0.05, gt=0)
+    learning_rate: float = ranged(0.05, gt=0)  # the peak, when a schedule is set
     momentum: float = ranged(0.0, ge=0, lt=1)  # sgd and rmsprop
     clipnorm: float | None = ranged(None, gt=0, null="no clipping")
+    weight_decay: float | None = ranged(None, ge=0, null="the optimizer's own (adamw: 0.004, the others: none)")  # decoupled
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
 @dataclass

@@ -7,7 +7,7 @@ import math
 import sys
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -47,6 +47,11 @@ class Job:
     checkpoints: Checkpoints | None = None  # None when checkpointing is off
     checkpoint_every: int | None = None  # steps; None: each epoch end
     profile: Profile = field(default_factory=lambda: Profile(None, None))  # train.profile_steps' trace (none: off)
+    schedule: Callable[[int], float] | None = None  # global step -> learning rate, when one is scheduled
+
+    def learning_rate(self, step: int) -> dict[str, float]:
+        """train/learning_rate at a logged step: the rate its last update used (nothing without a schedule)."""
+        return {} if self.schedule is None else {"train/learning_rate": self.schedule(max(0, step - 1))}
 
     @property
     def replicas(self) -> int:

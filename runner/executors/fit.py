@@ -143,6 +143,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             values.update(replica_metrics(self.model.replica_losses(logs)))
             rates = meter.window()
             values.update(rates)
+            values.update(job.learning_rate(step))
             job.reporter.log_metrics(values, step)
             if mode == "lines":
                 done = step - self.epoch * spe

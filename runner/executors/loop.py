@@ -131,7 +131,7 @@ def run(job: Job, trainer: Trainer) -> Result:
                     logged_at = done
                     rates = meter.window()
                     extra, suffix = trainer.report(epoch_loss)
-                    job.reporter.log_metrics({"loss": epoch_loss, **extra, **rates}, step)
+                    job.reporter.log_metrics({"loss": epoch_loss, **extra, **rates, **job.learning_rate(step)}, step)
                     progress.line(epoch, done, epoch_loss, rates, suffix)
                 if done == spe:
                     meter.pause()  # the checkpoint and the next epoch's start are not a step's time

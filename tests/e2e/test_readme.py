@@ -236,6 +236,8 @@ def check_training(scratch, args, result):
     if params["strategy.name"] in ("mirrored", "central_storage"):
         assert replicas == int(params["devices.logical_cpus"])
     assert f"loss/replica_{replicas - 1}" in metrics and f"loss/replica_{replicas}" not in metrics
+    if any(a.startswith("train.optimizer.schedule.") for a in args):  # a scheduled rate is logged at each log point
+        assert "train/learning_rate" in metrics, sorted(metrics)
     artifacts = {a.path for a in scratch.client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "overrides.txt", "model"} <= artifacts, artifacts
     if any(a.startswith("train.profile_steps=") for a in args):  # within TINY's two steps: a trace, logged

@@ -4,7 +4,7 @@ the default strategy (same global batch, seed and steps must give the same weigh
 import numpy as np
 import pytest
 
-from helpers import FAST, mlflow_run_by_name
+from helpers import FAST, composed, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: trains every strategy through `python -m runner`
 
@@ -18,12 +18,20 @@ STRATEGIES = {
 }
 EXECUTORS = ["fit", "custom_loop"]
 EXPERIMENT = "matrix"
+# Every run of the matrix warms up, decays and decays its weights: the equivalence checks below then also prove that
+# the schedule follows the global step alike under every strategy and executor.
+RECIPE = [
+    "train.optimizer.schedule.name=cosine",
+    "train.optimizer.schedule.warmup_steps=2",
+    "train.optimizer.schedule.final_fraction=0.2",
+    "train.optimizer.weight_decay=0.001",
+]
 
 
 @pytest.fixture(scope="module")
 def matrix(runner):
     jobs = {
-        f"{s}-{e}": [*args, f"executor={e}", *FAST, f"mlflow.experiment_name={EXPERIMENT}"]
+        f"{s}-{e}": [*args, f"executor={e}", *FAST, *RECIPE, f"mlflow.experiment_name={EXPERIMENT}"]
         for s, args in STRATEGIES.items()
         for e in EXECUTORS
     }
@@ -130,3 +138,15 @@ def test_mlflow_run_holds_params_tags_and_metrics(matrix, runner):
     assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model.keras"]
     config = client.download_artifacts(run.info.run_id, "config.yaml")
     assert "name: mirrored" in open(config).read()
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_logged_learning_rate_follows_the_schedule(matrix, runner, executor):
+    """train/learning_rate at each logged step is the rate of that step's update (the formula checked against
+    tf_keras' updates in tests/unit/builders/test_optimizer.py)."""
+    from runner.builders.optimizer import learning_rate
+
+    cfg = composed(*FAST, *RECIPE).train.optimizer
+    rates = history(runner, f"mirrored4-{executor}", "train/learning_rate")
+    assert rates == pytest.approx([learning_rate(cfg, step - 1, 16) for step in range(1, 17)], rel=1e-6)
+    assert rates[0] == 0 and max(rates) == pytest.approx(0.3) and rates[-1] < 0.3  # warmed up, then decayed

@@ -85,7 +85,8 @@ def _two_steps(model, input_shape=(64,), classes=10, optimizer=None):
     """Two training steps through Model.fit with the runner's loss and optimizer; the losses."""
     import tf_keras
 
-    from runner.builders.model import build_loss, build_optimizer
+    from runner.builders.model import build_loss
+    from runner.builders.optimizer import build_optimizer
 
     optimizer = optimizer or build_optimizer(composed().train.optimizer)
     # eager: the steps' maths without tracing each family's training graph (tens of seconds on 2 cores; the traced
@@ -172,7 +173,8 @@ def test_user_model_subclass_by_target_is_built_before_its_first_step(monkeypatc
     with initialize_config_module(config_module="runner.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=subclassed", f"hydra.searchpath=[file://{USER / 'conf'}]"])
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    from runner.builders.model import build_model, build_optimizer
+    from runner.builders.model import build_model
+    from runner.builders.optimizer import build_optimizer
 
     model = build_model(cfg.model, (20,), 3)
     assert type(model).__name__ == "TinyNet" and model.built

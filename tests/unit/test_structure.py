@@ -168,8 +168,9 @@ def _external(path: pathlib.Path) -> list:
 def _allowed(rule: str, top: str, module_level: bool, module: str) -> bool:
     if rule.startswith("never"):
         return False
-    if rule.startswith("in functions"):
-        return not module_level
+    if rule.startswith("in functions"):  # "in functions; at module level in runner.x.y (why)" names the exceptions
+        exceptions = rule.split("at module level in", 1)[1].split("(")[0] if "at module level in" in rule else ""
+        return not module_level or module in exceptions.replace(",", " ").split()
     if rule.startswith("only in"):
         return module in rule.split("(")[0].replace(",", " ").split()
     return rule.startswith("yes")

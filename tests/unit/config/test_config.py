@@ -53,7 +53,7 @@ def test_default_config_validates():
         (["train.epochs=0"], "train.epochs=0"),
         (["train.global_batch_size=-4"], "train.global_batch_size=-4"),
         (["train.steps_per_epoch=0"], "train.steps_per_epoch=0"),
-        (["train.optimizer.name=lbfgs"], "sgd, adam, rmsprop, adagrad"),
+        (["train.optimizer.name=lbfgs"], "sgd, adam, adamw, rmsprop, adagrad"),
         (["train.loss=hinge"], "mse"),
         (["data.input=pandas"], "tf_data, numpy, from_function"),
         (["strategy=mirrored", "cross_device_ops=ring"], "strategy=multi_worker_mirrored"),

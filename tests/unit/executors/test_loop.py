@@ -13,6 +13,7 @@ import pytest
 from runner.control import stopping
 from runner.errors import TrainingError
 from runner.executors import loop
+from runner.executors.base import Job
 from runner.executors.profiling import Profile
 
 
@@ -38,7 +39,7 @@ class Checkpoints:
         self.last_step = step
 
 
-def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None):
+def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None, schedule=None):
     job = SimpleNamespace(
         data=SimpleNamespace(steps_per_epoch=spe, global_batch_size=8),
         train=SimpleNamespace(epochs=epochs, log_every_n_steps=every, optimizer=SimpleNamespace(learning_rate=0.1)),
@@ -50,7 +51,9 @@ def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None)
         cluster=None,
         strategy=None,  # StopGuard: no TF handler
         profile=Profile(None, None),  # train.profile_steps unset: no trace
+        schedule=schedule,
     )
+    job.learning_rate = lambda step: Job.learning_rate(job, step)
     job.restore = lambda: checkpoints.restore() if checkpoints else 0
     return job
 
@@ -105,6 +108,14 @@ def test_calls_are_cut_at_epoch_ends_logged_on_cadence_and_synced_after_each_cal
     assert "throughput/examples_per_sec" in values
     assert (result.steps, result.final_loss, result.eval) == (20, pytest.approx(15.5), {"eval/loss": 0.5})
     assert job.reporter.logged[-1][0] == 20 and "time/train_sec" in job.reporter.logged[-1][1]
+
+
+def test_a_scheduled_rate_is_logged_beside_the_loss_as_the_rate_of_the_steps_last_update():
+    job = make_job(schedule=lambda step: 0.01 * step)
+    loop.run(job, FakeTrainer(steps_per_call=3))
+    logged = [(step, values["train/learning_rate"]) for step, values in job.reporter.logged if "loss" in values]
+    assert logged == [(6, pytest.approx(0.05)), (10, pytest.approx(0.09)), (16, pytest.approx(0.15)), (20, pytest.approx(0.19))]
+    assert "train/learning_rate" not in make_job().learning_rate(6)  # no schedule: no metric
 
 
 def test_an_asynchronous_inner_loop_is_synced_only_to_log_or_checkpoint():

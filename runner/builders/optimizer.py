@@ -1,0 +1,105 @@
+"""train.optimizer -> a tf_keras optimizer, with decoupled weight decay and a learning-rate schedule over the global step.
+
+The schedule is a function of the optimizer's own step counter (`optimizer.iterations`, which checkpoints restore),
+so a resumed run, or one restarted on fewer workers, goes on from the same learning rate. `learning_rate(cfg, step)`
+computes the same value in plain Python for the `train/learning_rate` metric, without a TensorFlow call per log line.
+"""
+
+import math
+from enum import StrEnum
+
+
+class Optimizer(StrEnum):
+    """train.optimizer.name (typed by it in runner.config.schema)."""
+
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"  # Adam with decoupled weight decay (Loshchilov and Hutter); weight_decay default 0.004, Keras'
+    rmsprop = "rmsprop"
+    adagrad = "adagrad"
+
+
+class Schedule(StrEnum):
+    """train.optimizer.schedule.name: what follows the linear warm-up (warmup_steps, from 0 to learning_rate)."""
+
+    constant = "constant"
+    cosine = "cosine"  # half a cosine from learning_rate down to final_fraction x learning_rate over decay_steps
+    linear = "linear"  # a straight line over the same span
+
+
+def total_decay_steps(cfg, total_steps: int) -> int:
+    """The decay's length: schedule.decay_steps, else what the run has left after the warm-up (at least 1)."""
+    schedule = cfg.schedule
+    if schedule.decay_steps is not None:
+        return schedule.decay_steps
+    return max(1, total_steps - schedule.warmup_steps)
+
+
+def learning_rate(cfg, step: int, total_steps: int) -> float:
+    """The learning rate at global step `step` (0 before the first update), as the optimizer applies it."""
+    peak, schedule = cfg.learning_rate, cfg.schedule
+    warmup = schedule.warmup_steps
+    if step < warmup:
+        return peak * step / warmup
+    if schedule.name == Schedule.constant:
+        return peak
+    done = min(1.0, (step - warmup) / total_decay_steps(cfg, total_steps))
+    fall = 0.5 * (1 + math.cos(math.pi * done)) if schedule.name == Schedule.cosine else 1 - done
+    return peak * (schedule.final_fraction + (1 - schedule.final_fraction) * fall)
+
+
+def scheduled(cfg, total_steps: int):
+    """step -> learning rate for the train/learning_rate metric, or None when the rate is constant."""
+    if cfg.schedule.name == Schedule.constant and not cfg.schedule.warmup_steps:
+        return None
+    return lambda step: learning_rate(cfg, step, total_steps)
+
+
+def _rate(cfg, total_steps: int):
+    """A float, or a schedule: tf_keras' own where one computes `learning_rate` (so that a model.keras saved with its
+    optimizer loads anywhere), runner.builders.lr_schedule's for a linear decay after a warm-up."""
+    schedule = cfg.schedule
+    peak, warmup, final = cfg.learning_rate, schedule.warmup_steps, schedule.final_fraction
+    if schedule.name == Schedule.constant and not warmup:
+        return peak  # as before schedules existed: checkpoints and saved models unchanged
+    import tf_keras
+
+    decay = total_decay_steps(cfg, total_steps)
+    if schedule.name == Schedule.linear and not warmup:
+        return tf_keras.optimizers.schedules.PolynomialDecay(peak, decay, end_learning_rate=peak * final, power=1.0)
+    if schedule.name == Schedule.linear:
+        from runner.builders.lr_schedule import WarmupLinear
+
+        return WarmupLinear(peak, warmup, decay, final)
+    # cosine, or constant after a warm-up (a cosine that ends where it starts)
+    alpha = 1.0 if schedule.name == Schedule.constant else final
+    if not warmup:
+        return tf_keras.optimizers.schedules.CosineDecay(peak, decay, alpha=alpha)
+    return tf_keras.optimizers.schedules.CosineDecay(0.0, decay, alpha=alpha, warmup_target=peak, warmup_steps=warmup)
+
+
+def build_optimizer(cfg, mixed_precision: bool = False, total_steps: int = 1):
+    """The optimizer of train.optimizer; `total_steps` (the run's epochs x steps per epoch) sets where a schedule
+    without decay_steps ends."""
+    optimizer = _optimizer(cfg, total_steps)
+    if mixed_precision:  # float16 gradients underflow without loss scaling
+        import tf_keras
+
+        optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _optimizer(cfg, total_steps: int):
+    import tf_keras
+
+    opt = tf_keras.optimizers
+    kwargs = {"learning_rate": _rate(cfg, total_steps)}
+    if cfg.clipnorm is not None:
+        kwargs["clipnorm"] = cfg.clipnorm
+    if cfg.weight_decay is not None:
+        kwargs["weight_decay"] = cfg.weight_decay
+    if cfg.name == Optimizer.sgd:
+        return opt.SGD(momentum=cfg.momentum, **kwargs)
+    if cfg.name == Optimizer.rmsprop:
+        return opt.RMSprop(momentum=cfg.momentum, **kwargs)
+    return {Optimizer.adam: opt.Adam, Optimizer.adamw: opt.AdamW, Optimizer.adagrad: opt.Adagrad}[cfg.name](**kwargs)
