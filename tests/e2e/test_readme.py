@@ -544,6 +544,13 @@ def run_benchmark(scratch, tokens):
     return proc, out
 
 
+# README's in-process benchmarks (benchmark-loop): the ways each times a step, in the order it prints them
+IN_PROCESS_WAYS = {
+    "benchmarks.paired": ["guide", "stacked", "written"],
+    "benchmarks.call_overhead": ["tf.function", "concrete function", "runner (concrete_per_iterator)"],
+}
+
+
 def check_benchmark(scratch, args, result):
     proc, out = result
     _ok(proc)
@@ -569,9 +576,14 @@ def check_benchmark(scratch, args, result):
             assert f"| {chosen}" in text or chosen in text
     else:
         assert sum(line.startswith("| ") for line in proc.stdout.splitlines()) >= 3, proc.stdout[-2000:]
-        if "benchmarks.wall" in args:  # the sweep row: a 2-job sweep against its jobs typed one by one
+        if "benchmarks.wall" in args:  # the sweep row (--quick: a 1-job sweep against its job typed alone)
             assert "speed, sweep / one by one" in proc.stdout, proc.stdout[-2000:]
-            assert re.search(r"^\| 2 \| [0-9.]+ \|", proc.stdout, re.M), proc.stdout[-2000:]
+            assert re.search(r"^\| 1 \| [0-9.]+ \|", proc.stdout, re.M), proc.stdout[-2000:]
+        module = args[args.index("-m") + 1]
+        if module in IN_PROCESS_WAYS:  # one row per way of timing, in order; the first is the reference
+            rows = [line.strip("| ").split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+            assert [row[0] for row in rows] == IN_PROCESS_WAYS[module], proc.stdout[-2000:]
+            assert float(rows[0][2]) == 1.0  # the reference against itself
 
 
 def check_gpu_benchmark(scratch, args, proc):
@@ -693,8 +705,15 @@ def check_tensorboard(scratch, args, found):
     assert not found["left"], f"tensorboard's processes outlived it: {found['left']}"
 
 
+def run_setup(scratch, tokens, results):
+    """README's set-up command ends with the default experiment (`.venv/bin/python -m runner`), the same run as README's
+    own `python -m runner`: it runs once for both. (The venv its first steps make is .ci/run's, checked above.)"""
+    last = _setup_steps(tokens)[-1]
+    same = [k for k, (kind, _) in KINDS.items() if kind == "train" and _runner_args(TOKENS[k]) == _runner_args(last)]
+    return results(same[0]) if same else run_training(scratch, last)
+
+
 RUNNERS = {
-    "setup": lambda s, t: run_training(s, _setup_steps(t)[-1]),
     "train": run_training,
     "user-config": run_user_config,
     "cluster": run_cluster,
@@ -812,7 +831,7 @@ def check_ray(scratch, args, result):
         assert (run_dir / f"worker-{i}" / "runner.log").exists()
 
 
-DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord, "serve": run_serve}
+DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord, "serve": run_serve, "setup": run_setup}
 CHECKS = {
     "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
     "train": check_training,
@@ -900,3 +919,137 @@ def test_readme_command(command, request):
         else _runner_args(tokens)
     )
     CHECKS[kind](scratch, args, result(command))
+
+
+# --- README's first sweep, read closer: its runs, its report, and the dashboard showing it ---------------------
+GRID = next(k for k, (kind, _) in KINDS.items() if kind == "sweep")  # strategy=one_device,mirrored,central_storage x 2
+
+
+def _grid(request):
+    """(sweep output, sweep directory, client, parent run, child runs in job order) of README's first sweep."""
+    scratch, result = request.getfixturevalue("results")
+    proc, sweep_dir = result(GRID)
+    _ok(proc)
+    client = scratch.client
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (parent,) = client.search_runs(experiments, filter_string=f"tags.`sweep.dir` = '{os.path.abspath(sweep_dir)}'")
+    children = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return proc, sweep_dir, client, parent, sorted(children, key=lambda r: int(r.data.tags["sweep.job_num"]))
+
+
+GRID_JOBS = [(s, e) for s in ("one_device", "mirrored", "central_storage") for e in ("fit", "custom_loop")]
+
+
+@pytest.mark.slow  # end to end: README's sweep
+def test_the_sweep_nests_one_child_run_per_job_in_grid_order(request):
+    proc, _, _, parent, children = _grid(request)
+    assert parent.data.tags["sweep.jobs"] == "6" and parent.data.tags["sweep.failed_jobs"] == "0"
+    assert [c.data.tags["sweep.job_num"] for c in children] == [str(n) for n in range(6)]
+    assert [(c.data.params["strategy.name"], c.data.params["executor.name"]) for c in children] == GRID_JOBS
+    assert "strategy=mirrored" in children[2].data.tags["overrides"]
+    for n in range(6):
+        assert f"job #{n} ({n + 1} of 6)" in proc.stdout  # which job of how many is running
+
+
+@pytest.mark.slow  # end to end: README's sweep
+def test_the_sweep_report_holds_the_child_runs_numbers(request):
+    _, sweep_dir, client, parent, children = _grid(request)
+    with open(sweep_dir / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6
+    for row, child in zip(rows, children):
+        m = child.data.metrics
+        assert row["run"] == child.info.run_name and row["status"] == "FINISHED"
+        assert float(row["examples_per_sec"]) == m["summary/examples_per_sec"]
+        assert float(row["examples_per_sec_per_replica"]) == m["summary/examples_per_sec_per_replica"]
+        assert float(row["final_loss"]) == m["loss"]
+        assert float(row["eval_loss"]) == m["eval/loss"] and float(row["eval_accuracy"]) == m["eval/accuracy"]
+        assert row["replicas"] == child.data.tags["num_replicas_in_sync"]
+    assert "| mirrored | custom_loop | 4 |" in (sweep_dir / "report.md").read_text()
+    for plot in ["throughput.png", "loss_curves.png", "scaling_efficiency.png"]:
+        assert (sweep_dir / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.csv", "report/report.md", "report/loss_curves.png"} <= logged
+
+
+def listening_addresses(port):
+    """The local addresses of sockets listening on `port`, from /proc/net/tcp and tcp6."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address)
+    return found
+
+
+@pytest.mark.slow  # end to end: README's sweep in the dashboard, in headless Chromium
+def test_the_dashboard_shows_the_sweep_in_chromium(request, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium; apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    _, _, _, parent, children = _grid(request)
+    scratch, _ = request.getfixturevalue("results")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "runner.dashboard", "--tracking-uri", scratch.uri, "--port", str(port)],
+        cwd=scratch.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise AssertionError("dashboard did not start") from None
+                time.sleep(0.5)
+        assert listening_addresses(port) == {"127.0.0.1"}  # this machine only, by default
+        exp_id = parent.info.experiment_id
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=chromium,
+                args=[
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--no-first-run",
+                    "--disable-sync",
+                ],
+            )
+            page = browser.new_page()
+            page.goto(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning")
+            # The experiment page lists the sweep's parent run; expanding it shows every job's run.
+            parent_link = page.get_by_role("link", name=parent.info.run_name, exact=True)
+            parent_link.wait_for(timeout=60_000)
+            parent_link.locator("xpath=ancestor::*[@role='gridcell'][1]").locator("button").first.click()
+            for child in children:
+                page.get_by_role("link", name=child.info.run_name, exact=True).wait_for(timeout=60_000)
+            # The Dataset column: each job's training data, logged as a run input (name and digest).
+            page.get_by_text("synthetic-train (").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "dashboard-runs.png"))
+            page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}")
+            page.get_by_text("throughput/examples_per_sec", exact=True).first.wait_for(timeout=60_000)
+            # MLflow's system-metrics charts for the run, sampled in its MLflow process.
+            page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}/system-metrics")
+            page.get_by_text("cpu_utilization_percentage", exact=True).first.wait_for(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "dashboard-system-metrics.png"))
+            browser.close()
+        for shot in ("dashboard-runs.png", "dashboard-system-metrics.png"):
+            assert (tmp_path / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    with pytest.raises(OSError):  # stopping the dashboard stopped its MLflow server too
+        urllib.request.urlopen(f"{base}/health", timeout=2)

@@ -1,19 +1,15 @@
-"""Multirun sweeps: MLflow parent and child runs, a failing job, the report (README's joblib sweep: tests/e2e/test_readme.py),
-experiment presets, and the dashboard checked in headless Chromium."""
+"""Multirun sweeps: Ctrl-C, a failing job, experiment presets, Slurm ports. A sweep's parent and child runs, its
+report and the dashboard in headless Chromium are checked on README's own sweeps (tests/e2e/test_readme.py)."""
 
 import csv
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
-
-from helpers import FAST
 
 EXPERIMENT = "sweeps"
 
@@ -55,56 +51,6 @@ def family(runner, name):
     (parent,) = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
     children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     return client, parent, sorted(children, key=lambda r: int(r.data.tags["sweep.job_num"]))
-
-
-@pytest.fixture(scope="module")
-def grid(runner):
-    proc, sweep_dir = sweep(
-        runner, "grid", ["strategy=one_device,mirrored", "executor=fit,custom_loop", "devices.logical_cpus=2", *FAST]
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, sweep_dir
-
-
-@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
-def test_sweep_nests_one_child_run_per_job(grid, runner):
-    proc, _ = grid
-    client, parent, children = family(runner, "grid")
-    assert parent.info.status == "FINISHED"
-    assert parent.data.tags["sweep.jobs"] == "4" and parent.data.tags["sweep.failed_jobs"] == "0"
-    assert [c.data.tags["sweep.job_num"] for c in children] == ["0", "1", "2", "3"]
-    assert all(c.info.status == "FINISHED" for c in children)
-    assert [(c.data.params["strategy.name"], c.data.params["executor.name"]) for c in children] == [
-        ("one_device", "fit"),
-        ("one_device", "custom_loop"),
-        ("mirrored", "fit"),
-        ("mirrored", "custom_loop"),
-    ]
-    assert "strategy=mirrored" in children[2].data.tags["overrides"]
-    for n in range(4):
-        assert f"job #{n} ({n + 1} of 4)" in proc.stdout  # which job of how many is running
-
-
-@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
-def test_report_numbers_equal_the_child_runs(grid, runner):
-    _, sweep_dir = grid
-    client, parent, children = family(runner, "grid")
-    with open(sweep_dir / "report.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 4
-    for row, child in zip(rows, children):
-        m = child.data.metrics
-        assert row["run"] == child.info.run_name and row["status"] == "FINISHED"
-        assert float(row["examples_per_sec"]) == m["summary/examples_per_sec"]
-        assert float(row["examples_per_sec_per_replica"]) == m["summary/examples_per_sec_per_replica"]
-        assert float(row["final_loss"]) == m["loss"]
-        assert float(row["eval_loss"]) == m["eval/loss"] and float(row["eval_accuracy"]) == m["eval/accuracy"]
-        assert row["replicas"] == child.data.tags["num_replicas_in_sync"]
-    assert "| mirrored | custom_loop | 2 |" in (sweep_dir / "report.md").read_text()
-    for plot in ["throughput.png", "loss_curves.png", "scaling_efficiency.png"]:
-        assert (sweep_dir / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
-    assert {"report/report.csv", "report/report.md", "report/loss_curves.png"} <= logged
 
 
 @pytest.mark.slow  # end to end: runs a sweep and stops it
@@ -188,96 +134,6 @@ def test_experiment_presets_compose():
         "central_storage",
         "multi_worker_mirrored",
     ]
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening_addresses(port):
-    """The local addresses of sockets listening on `port`, from /proc/net/tcp and tcp6."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                address, hex_port = local.rsplit(":", 1)
-                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                    found.add(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address)
-    return found
-
-
-@pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs
-def test_dashboard_shows_the_sweep_in_chromium(grid, runner):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium; apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    client, parent, children = family(runner, "grid")
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "runner.dashboard", "--tracking-uri", runner.uri, "--port", str(port)],
-        cwd=runner.root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise AssertionError("dashboard did not start") from None
-                time.sleep(0.5)
-        assert listening_addresses(port) == {"127.0.0.1"}  # this machine only, by default
-        exp_id = parent.info.experiment_id
-        with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=chromium,
-                args=[
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--no-first-run",
-                    "--disable-sync",
-                ],
-            )
-            page = browser.new_page()
-            page.goto(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning")
-            # The experiment page lists the sweep's parent run; expanding it shows every job's run.
-            parent_link = page.get_by_role("link", name="grid", exact=True)
-            parent_link.wait_for(timeout=60_000)
-            parent_link.locator("xpath=ancestor::*[@role='gridcell'][1]").locator("button").first.click()
-            for child in children:
-                page.get_by_role("link", name=child.info.run_name, exact=True).wait_for(timeout=60_000)
-            # The Dataset column: each job's training data, logged as a run input (name and digest).
-            page.get_by_text("synthetic-train (").first.wait_for(timeout=60_000)
-            page.screenshot(path=str(runner.root / "dashboard-runs.png"))
-            page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}")
-            page.get_by_text("throughput/examples_per_sec", exact=True).first.wait_for(timeout=60_000)
-            # MLflow's system-metrics charts for the run, sampled in its MLflow process.
-            page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}/system-metrics")
-            page.get_by_text("cpu_utilization_percentage", exact=True).first.wait_for(timeout=60_000)
-            page.screenshot(path=str(runner.root / "dashboard-system-metrics.png"))
-            browser.close()
-        for shot in ("dashboard-runs.png", "dashboard-system-metrics.png"):
-            assert (runner.root / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-    with pytest.raises(OSError):  # stopping the dashboard stopped its MLflow server too
-        urllib.request.urlopen(f"{base}/health", timeout=2)
 
 
 def test_each_job_of_a_slurm_sweep_gets_its_own_ports(monkeypatch):
