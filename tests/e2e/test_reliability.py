@@ -1,5 +1,5 @@
 """Faults survived or resumed with nothing lost (docs/reliability.md): a loss that becomes NaN/inf, SIGTERM as a
-preemption notice and Ctrl-C, a real MLflow server that goes away mid-run, a 20-job parallel sweep into one
+preemption notice and Ctrl-C, a real MLflow server that goes away mid-run, an 8-job parallel sweep into one
 server, and secrets kept out of logs, params and tags."""
 
 import os
@@ -274,7 +274,7 @@ def _server_run(uri, name):
     return client, run
 
 
-def test_a_parallel_sweep_of_20_jobs_loses_nothing_on_one_server(mlflow_server, tmp_path):
+def test_a_parallel_sweep_loses_nothing_on_one_server(mlflow_server, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     argv = [
         sys.executable,
@@ -283,7 +283,7 @@ def test_a_parallel_sweep_of_20_jobs_loses_nothing_on_one_server(mlflow_server, 
         "-m",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=4",
-        "train.seed=range(20)",
+        "train.seed=range(8)",  # 4 at a time: two waves of concurrent writers
         "model=linear",
         "data=ones",
         "train.epochs=12",
@@ -303,14 +303,14 @@ def test_a_parallel_sweep_of_20_jobs_loses_nothing_on_one_server(mlflow_server, 
     exp = client.get_experiment_by_name(f"{EXPERIMENT}-load")
     (parent,) = client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'load'")
     children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert len(children) == 20
-    assert sorted(int(c.data.params["train.seed"]) for c in children) == list(range(20))
+    assert len(children) == 8
+    assert sorted(int(c.data.params["train.seed"]) for c in children) == list(range(8))
     assert all(c.info.status == "FINISHED" for c in children)
     with ThreadPoolExecutor(8) as pool:
         histories = list(
             pool.map(lambda c: [m.step for m in history(mlflow_server.uri, c.info.run_id, "loss/replica_0")], children)
         )
-    assert all(h == list(range(1, 13)) for h in histories), histories  # 20 x 12 points, none lost or doubled
+    assert all(h == list(range(1, 13)) for h in histories), histories  # 8 x 12 points, none lost or doubled
 
 
 def test_secrets_stay_out_of_logs_params_and_tags(mlflow_server, tmp_path):
