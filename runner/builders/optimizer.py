@@ -27,6 +27,9 @@ class Schedule(StrEnum):
     linear = "linear"  # a straight line over the same span
 
 
+CURRENT_RATE = "current_learning_rate"  # the variable tf_keras keeps a schedule's rate in
+
+
 def total_decay_steps(cfg, total_steps: int) -> int:
     """The decay's length: schedule.decay_steps, else what the run has left after the warm-up (at least 1)."""
     schedule = cfg.schedule
@@ -81,7 +84,18 @@ def _rate(cfg, total_steps: int):
 def build_optimizer(cfg, mixed_precision: bool = False, total_steps: int = 1):
     """The optimizer of train.optimizer; `total_steps` (the run's epochs x steps per epoch) sets where a schedule
     without decay_steps ends."""
-    optimizer = _optimizer(cfg, total_steps)
+    import tensorflow as tf
+
+    def first_replica_rate(next_creator, **kwargs):
+        # tf_keras assigns a schedule's current rate in replica context (apply_gradients); without an aggregation,
+        # CentralStorageStrategy's variables refuse that ("You must specify an aggregation method"). Every replica
+        # computes the same rate, so the first replica's is the value.
+        if kwargs.get("name") == CURRENT_RATE:
+            kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(first_replica_rate):
+        optimizer = _optimizer(cfg, total_steps)
     if mixed_precision:  # float16 gradients underflow without loss scaling
         import tf_keras
 
