@@ -52,7 +52,7 @@ ROWS = {
         ["train.optimizer.learning_rate=0"], 2, ["train.optimizer.learning_rate=0.0 must be greater than 0"]
     ),
     "unknown-optimizer": Row(
-        ["train.optimizer.name=adamw"], 2, ["train.optimizer.name='adamw' is not valid", "sgd, adam, rmsprop, adagrad"]
+        ["train.optimizer.name=lbfgs"], 2, ["train.optimizer.name='lbfgs' is not valid", "sgd, adam, adamw, rmsprop, adagrad"]
     ),
     "too-many-logical-cpus": Row(
         ["devices.logical_cpus=1000"], 2, ["devices.logical_cpus=1000 is more than this machine can use", "cluster.workers=N"]
