@@ -1,8 +1,9 @@
 """train.optimizer -> a tf_keras optimizer, with decoupled weight decay and a learning-rate schedule over the global step.
 
 The schedule is a function of the optimizer's own step counter (`optimizer.iterations`, which checkpoints restore),
-so a resumed run, or one restarted on fewer workers, goes on from the same learning rate. `learning_rate(cfg, step)`
-computes the same value in plain Python for the `train/learning_rate` metric, without a TensorFlow call per log line.
+so a resumed run goes on from the same learning rate (with the same train.epochs, or decay_steps given).
+`learning_rate(cfg, step)` computes the same value in plain Python for the `train/learning_rate` metric, without a
+TensorFlow call per log line.
 """
 
 import math
@@ -51,9 +52,14 @@ def learning_rate(cfg, step: int, total_steps: int) -> float:
     return peak * (schedule.final_fraction + (1 - schedule.final_fraction) * fall)
 
 
+def constant(cfg) -> bool:
+    """No schedule: the plain learning rate, no warm-up."""
+    return cfg.schedule.name == Schedule.constant and not cfg.schedule.warmup_steps
+
+
 def scheduled(cfg, total_steps: int):
     """step -> learning rate for the train/learning_rate metric, or None when the rate is constant."""
-    if cfg.schedule.name == Schedule.constant and not cfg.schedule.warmup_steps:
+    if constant(cfg):
         return None
     return lambda step: learning_rate(cfg, step, total_steps)
 
@@ -63,7 +69,7 @@ def _rate(cfg, total_steps: int):
     optimizer loads anywhere), runner.builders.lr_schedule's for a linear decay after a warm-up."""
     schedule = cfg.schedule
     peak, warmup, final = cfg.learning_rate, schedule.warmup_steps, schedule.final_fraction
-    if schedule.name == Schedule.constant and not warmup:
+    if constant(cfg):
         return peak  # as before schedules existed: checkpoints and saved models unchanged
     import tf_keras
 
