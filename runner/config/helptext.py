@@ -9,6 +9,7 @@ model or preset is described by the comment it starts with. A description longer
 boundary (`one_line`); README has the whole story.
 """
 
+import functools
 import re
 import textwrap
 from importlib import resources
@@ -34,8 +35,10 @@ def conf_dir() -> Path:
     return Path(str(resources.files("runner.conf")))
 
 
+@functools.cache
 def defaults() -> dict[str, str]:
-    """{group: its default option} from the defaults list of conf/config.yaml (`- strategy: auto`)."""
+    """{group: its default option} from the defaults list of conf/config.yaml (`- strategy: auto`). Read once per
+    process: every composition renders the help template (OmegaConf dereferences it while merging Hydra's config)."""
     found = {}
     for entry in yaml.safe_load((conf_dir() / "config.yaml").read_text())["defaults"]:
         if isinstance(entry, dict):
@@ -140,7 +143,8 @@ def render() -> str:
     return "\n".join(line for group in ORDER for line in _entry(group)) + "\n"
 
 
+@functools.cache
 def for_template() -> str:
     """`render()` as Hydra's help template takes it: no final newline (the template has it), `$` doubled (the
-    template goes through string.Template)."""
+    template goes through string.Template). Once per process, although every composition asks for it."""
     return render().rstrip("\n").replace("$", "$$")

@@ -7,6 +7,7 @@ option schemas only (runner.config.fields says why); every numeric field declare
 field its Enum beside its default, and runner.config.validate checks all of them generically.
 """
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +125,7 @@ class RunnerConfig:
 GROUP_SCHEMAS = {group: {name: o.schema for name, o in registry.options(group).items()} for group in registry.GROUPS}
 
 
+@functools.cache  # once per process: the store and the resolvers outlive any one composition
 def register() -> None:
     hydra_private.install()  # a mistyped key or option composed against these schemas: the closest names
     # `${runner.config_groups:}` in --help's template: its config-group section, rendered from the registry
