@@ -174,7 +174,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         tf_keras.mixed_precision.set_global_policy("mixed_float16")
     total_steps = cfg.train.epochs * data.steps_per_epoch
     with strategy.scope():
-        model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, cfg.train.global_batch_size)
+        train = cfg.train
+        model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, train.global_batch_size, train.accumulation_steps)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model

@@ -58,10 +58,10 @@ def activation_bytes(model) -> tuple[int, int]:
     return total, counted
 
 
-def check_activation_memory(model, cfg, global_batch_size):
-    """Refuse, before the first step, a model whose layers' outputs for this host's share of a batch clearly do not fit
-    in memory (TensorFlow's refusal comes only inside the first step, as a ResourceExhaustedError traceback). CPU
-    replicas only: a GPU's memory is its own."""
+def check_activation_memory(model, cfg, global_batch_size, accumulation_steps: int = 1):
+    """Refuse, before the first step, a model whose layers' outputs for this host's share of a batch (of one of its
+    micro-batches with gradient accumulation) clearly do not fit in memory (TensorFlow's refusal comes only inside the
+    first step, as a ResourceExhaustedError traceback). CPU replicas only: a GPU's memory is its own."""
     import tensorflow as tf
 
     from runner.sources import checks
@@ -80,7 +80,8 @@ def check_activation_memory(model, cfg, global_batch_size):
     per_example, layers = activation_bytes(model)
     available = checks.available_memory()
     replicas = strategy.num_replicas_in_sync
-    here = math.ceil(global_batch_size * len(devices) / max(1, replicas))  # this process's share of the batch
+    share = math.ceil(global_batch_size * len(devices) / max(1, replicas))  # this process's share of the batch
+    here = math.ceil(share / accumulation_steps)  # alive at once: one micro-batch's
     need = here * per_example
     if available is None or not per_example or need <= available:
         return
@@ -97,16 +98,20 @@ def check_activation_memory(model, cfg, global_batch_size):
         instead = "Use a smaller model"
     fits = available // per_example * replicas // len(devices)
     instead += f", or a train.global_batch_size well below {fits}" if fits > 1 else ""
+    more = [k for k in range(accumulation_steps + 1, global_batch_size + 1) if global_batch_size % k == 0]
+    more = [k for k in more if math.ceil(share / k) * per_example * 2 <= available][:1]  # room for the gradients too
+    instead += f", or train.accumulation_steps={more[0]} (the same global batch in micro-batches)" if more else ""
+    micro = f" (one of train.accumulation_steps={accumulation_steps} micro-batches)" if accumulation_steps > 1 else ""
     raise ConfigError(
         f"{what}{f' with model.resize_to={list(resize_to)}' if resize_to is not None else ''} would need at least "
         f"{checks.gib(need)} of memory for one training step: the outputs of its {layers} layers take "
-        f"{checks.gib(per_example)} per example, x {here} example(s) of train.global_batch_size={global_batch_size} in "
+        f"{checks.gib(per_example)} per example, x {here} example(s) of train.global_batch_size={global_batch_size}{micro} in "
         f"this process, before any gradient; this machine has {checks.gib(available)} available, and TensorFlow would "
         f"stop at the first step with ResourceExhaustedError. Nothing was trained. {instead}."
     )
 
 
-def build_model(cfg, input_shape, num_outputs, global_batch_size=None):
+def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulation_steps: int = 1):
     """The model `cfg` names, built for the data; refused (ConfigError) when it cannot be, or when one step of
     `global_batch_size` clearly does not fit in memory (not checked without it: a model built for evaluation)."""
     import tf_keras
@@ -149,7 +154,7 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None):
                 f"model._target_={target!r} built no variables, and building it for the data's input shape "
                 f"{tuple(input_shape)} failed: {err}. Give the model an Input, or a build() that takes (None, *input_shape)."
             ) from None
-    check_activation_memory(model, cfg, global_batch_size)
+    check_activation_memory(model, cfg, global_batch_size, accumulation_steps)
     return model
 
 

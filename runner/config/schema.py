@@ -59,6 +59,9 @@ class TrainConfig:
     loss: str = choice(Loss, "auto")  # auto: from the data's task
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
+    # k micro-batches per update, gradients summed: the update of the whole global batch with a k-th of the activations
+    # in memory at a time (runner.executors.accumulation); must divide train.global_batch_size
+    accumulation_steps: int = ranged(1, ge=1)
     steps_per_execution: int = ranged(1, ge=1)  # fit: Model.compile(steps_per_execution=...), steps per tf.function call
     steps_per_loop: int = ranged(1, ge=1)  # custom_loop: steps per tf.function call
     log_every_n_steps: int = ranged(10, ge=1)

@@ -160,6 +160,19 @@ def profile_window(cfg):
 
 
 @check
+def accumulation_divides_the_batch(cfg):
+    k, batch = cfg.train.accumulation_steps, cfg.train.global_batch_size
+    if isinstance(k, int) and isinstance(batch, int) and k > 1 and batch % k:
+        whole = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:6]
+        raise ConfigError(
+            f"train.accumulation_steps={k} does not divide train.global_batch_size={batch}: each update is made of "
+            f"{k} micro-batches of an equal share of the global batch. Use a divisor of {batch}"
+            + (f" ({', '.join(map(str, whole))})" if whole else " (1: no accumulation)")
+            + f", or a global batch that is a multiple of {k}."
+        )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

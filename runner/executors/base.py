@@ -219,6 +219,12 @@ def epochs_text(n: int) -> str:
     return f"{n} epoch" if n == 1 else f"{n} epochs"
 
 
+def accumulation_text(train) -> str:
+    """What the training log line says of train.accumulation_steps (nothing without accumulation)."""
+    k = train.accumulation_steps
+    return f", {k} micro-batches per update" if k > 1 else ""
+
+
 def last_log_point(done: int, every: int) -> int:
     """Where the logging of an epoch resumed after `done` steps stands: the grid line at or before it (metrics go
     every train.log_every_n_steps steps from the epoch's start). A run stopped at step 513 then logs at 544, 576 as

@@ -9,7 +9,7 @@ parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 
 from runner.control import teardown
 from runner.executors import loop
-from runner.executors.base import Job, Result, concrete_per_iterator, epochs_text, replica_metrics
+from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_step import make_replica_step
 
@@ -103,7 +103,7 @@ class InProcessTrainer(loop.Trainer):
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
             f"({per_call} per tf.function call), global batch {data.global_batch_size} over "
-            f"{job.replicas} replica(s)"
+            f"{job.replicas} replica(s){accumulation_text(job.train)}"
         )
         self.steps = {}  # tf.constant per call length, made once
         self.out = None

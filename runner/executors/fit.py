@@ -6,10 +6,12 @@ import numpy as np
 
 from runner import tf_private
 from runner.control.stopping import StopGuard
+from runner.executors.accumulation import accumulated
 from runner.executors.base import (
     Job,
     Result,
     Throughput,
+    accumulation_text,
     check_loss,
     concrete_per_iterator,
     epochs_text,
@@ -23,7 +25,9 @@ from runner.executors.replica_losses import ShardLosses
 from runner.tracking import phases
 
 
-def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int, replicas: int, shard_losses, strip_ids):
+def _replica_loss_model(
+    inner, per_example_loss, gather: bool, initial_step: int, replicas: int, shard_losses, strip_ids, accumulation_steps: int
+):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
     One worker with several replicas (shard_losses, a ShardLosses): each replica writes its shard loss on its own
@@ -52,6 +56,42 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
         def call(self, inputs, training=None):
             return self.inner(inputs, training=training)
 
+        def accumulate(self, x, y, sample_weight):
+            """train.accumulation_steps micro-batches, one update: (the step's loss, the replica's mean loss)."""
+            variables = self.trainable_variables
+            scaled = isinstance(self.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
+            def micro_step(part, fraction):
+                x, y, *weights = part
+                sample_weight = weights[0] if weights else None
+                with tf.GradientTape() as tape:
+                    y_pred = self(x, training=True)
+                    # compute_loss: the slice's mean (its share of the loss metric, by its size); times its share
+                    loss = self.compute_loss(x, y, y_pred, sample_weight) * fraction
+                    target = self.optimizer.get_scaled_loss(loss) if scaled else loss
+                self.compiled_metrics.update_state(y, y_pred, sample_weight)
+                # the replica's shard loss: the unweighted mean over its batch (regularization losses made inside the
+                # loop cannot be read after it, so not `loss` undone as below)
+                mean = tf.reduce_mean(per_example_loss(y, y_pred)) * fraction
+                return tape.gradient(target, variables), (tf.cast(loss, tf.float32), tf.cast(mean, tf.float32))
+
+            part = (x, y) if sample_weight is None else (x, y, sample_weight)
+            grads, (loss, mean) = accumulated(accumulation_steps, part, micro_step)
+            if scaled:
+                grads = self.optimizer.get_unscaled_gradients(grads)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return loss, mean
+
+        def shard_loss(self, loss, y, y_pred, sample_weight):
+            """This replica's mean loss over its batch, from the step's loss where that can be undone."""
+            if sample_weight is not None:
+                return tf.reduce_mean(per_example_loss(y, y_pred))
+            if replicas == 1 and not self.losses:
+                return loss  # one replica, no regularization: the step's loss is its shard's (no ops added)
+            # compute_loss returns (this shard's mean loss + regularization) / replicas (tf_keras scales it for
+            # distribution): undo that instead of computing the loss a second time.
+            return loss * replicas - (tf.add_n(self.losses) if self.losses else 0.0)
+
         def make_train_function(self, force=False):
             cached = self.train_function is not None and not force
             fn = super().make_train_function(force)
@@ -63,19 +103,16 @@ def _replica_loss_model(inner, per_example_loss, gather: bool, initial_step: int
 
         def train_step(self, data):
             x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(strip_ids(data))
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(x, y, y_pred, sample_weight)
-            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-            logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
-            if sample_weight is not None:
-                shard = tf.reduce_mean(per_example_loss(y, y_pred))
-            elif replicas == 1 and not self.losses:
-                shard = loss  # one replica, no regularization: the step's loss is its shard's (no ops added)
+            if accumulation_steps > 1:
+                loss, shard = self.accumulate(x, y, sample_weight)
+                logs = dict(self.get_metrics_result())
             else:
-                # compute_loss returns (this shard's mean loss + regularization) / replicas (tf_keras scales it for
-                # distribution): undo that instead of computing the loss a second time.
-                shard = loss * replicas - (tf.add_n(self.losses) if self.losses else 0.0)
+                with tf.GradientTape() as tape:
+                    y_pred = self(x, training=True)
+                    loss = self.compute_loss(x, y, y_pred, sample_weight)
+                self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+                logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
+                shard = self.shard_loss(loss, y, y_pred, sample_weight)
             if shard.dtype != tf.float32:
                 shard = tf.cast(shard, tf.float32)
             if local:
@@ -220,6 +257,7 @@ def run_fit(job: Job) -> Result:
             job.replicas,
             shard_losses,
             job.data.strip_ids,
+            job.train.accumulation_steps,
         )
         model.compile(
             optimizer=job.optimizer,
@@ -239,11 +277,12 @@ def run_fit(job: Job) -> Result:
     # under parameter_server a step is one worker's batch (num_replicas_in_sync is 1): say how many workers share them
     spread = f"{job.cluster.num_workers} worker(s)" if job.parameter_server and job.cluster else f"{job.replicas} replica(s)"
     log.info(
-        "training with Model.fit: %s x %d steps, global batch %d over %s",
+        "training with Model.fit: %s x %d steps, global batch %d over %s%s",
         epochs_text(job.train.epochs),
         data.steps_per_epoch,
         data.global_batch_size,
         spread,
+        accumulation_text(job.train),
     )
     started = time.perf_counter()
     with StopGuard(job) as guard:

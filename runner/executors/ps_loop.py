@@ -10,7 +10,7 @@ final. TensorFlow's preemption handler does not support parameter_server: the co
 import collections
 
 from runner.executors import loop
-from runner.executors.base import Job, Result, epochs_text, replica_metrics
+from runner.executors.base import Job, Result, accumulation_text, epochs_text, replica_metrics
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
 from runner.executors.replica_step import make_replica_step
 
@@ -53,7 +53,7 @@ class CoordinatorTrainer(loop.Trainer):
         self.description = (
             f"training with a custom loop under parameter_server: {epochs_text(job.train.epochs)} x "
             f"{data.steps_per_epoch} steps ({self.steps_per_call} per scheduled call), batch "
-            f"{data.global_batch_size} per step, {job.cluster.num_workers} worker(s)"
+            f"{data.global_batch_size} per step, {job.cluster.num_workers} worker(s){accumulation_text(job.train)}"
         )
         self.pending, self.per_worker = [], collections.Counter()
 

@@ -238,13 +238,15 @@ def resized_images_fit(cfg):
 
     available = checks.available_memory()
     h, w = (int(v) for v in resize_to)
-    batch, size = cfg.train.global_batch_size, 2 if cfg.train.mixed_precision else 4
+    k, size = cfg.train.accumulation_steps, 2 if cfg.train.mixed_precision else 4
+    batch = -(-cfg.train.global_batch_size // k)  # resized inside the model: one micro-batch at a time
     need = batch * h * w * size
     if available is None or need <= available:
         return
+    per = f" / train.accumulation_steps={k}" if k > 1 else ""
     raise ConfigError(
         f"model.resize_to=[{h}, {w}] would need at least {checks.gib(need)} of memory for the resized images of one batch "
-        f"alone ({batch} examples of train.global_batch_size x {h}x{w} pixels x {size} bytes, one channel; the model's "
+        f"alone ({batch} examples of train.global_batch_size{per} x {h}x{w} pixels x {size} bytes, one channel; the model's "
         f"layers need many times more), but this machine has {checks.gib(available)} available: TensorFlow would stop at the "
         "first step with ResourceExhaustedError. Nothing was trained. Use a much smaller model.resize_to (the "
         "applications take 32x32 and up; most were made for about [224, 224]); the run then checks what its layers "

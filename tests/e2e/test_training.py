@@ -10,9 +10,10 @@ pytestmark = pytest.mark.slow  # end to end: trains every strategy through `pyth
 
 STRATEGIES = {
     "default": ["strategy=default"],
-    "one_device": ["strategy=one_device"],
+    # gradient accumulation: 4 and 2 micro-batches per update must reach the default strategy's weights
+    "one_device": ["strategy=one_device", "train.accumulation_steps=4"],
     "mirrored1": ["strategy=mirrored", "devices.logical_cpus=1"],
-    "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],
+    "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4", "train.accumulation_steps=2"],
     "central_storage": ["strategy=central_storage", "devices.logical_cpus=4"],
     "mwms_single": ["strategy=multi_worker_mirrored"],
 }

@@ -87,6 +87,14 @@ def test_resized_images_that_cannot_fit_are_refused_before_tensorflow(monkeypatc
     assert "64 examples of train.global_batch_size" in message and "16.0 GiB available" in message
     assert "ResourceExhaustedError" in message
     needs.resized_images_fit(composed("model=keras_app", "data=digits", "model.resize_to=[224,224]"))
+    # resized inside the model: with 4 micro-batches a quarter of the batch is resized at a time
+    monkeypatch.setattr(checks, "available_memory", lambda: 8 * 2**30)
+    big = ("model=keras_app", "data=digits", "model.resize_to=[20000,20000]", "train.global_batch_size=16")
+    with pytest.raises(ConfigError, match=r"\(16 examples of train.global_batch_size x"):
+        needs.resized_images_fit(composed(*big))
+    with pytest.raises(ConfigError, match=r"\(4 examples of train.global_batch_size / train.accumulation_steps=4 x"):
+        needs.resized_images_fit(composed(*big, "train.accumulation_steps=4", "model.resize_to=[40000,40000]"))
+    needs.resized_images_fit(composed(*big, "train.accumulation_steps=4"))  # 6.0 GiB at a time
 
 
 # --- built in process (TensorFlow) -------------------------------------------------------------------------------
@@ -95,7 +103,7 @@ def _build(*overrides, input_shape=(64,), num_outputs=10):
     from runner.builders.model import build_model
 
     cfg = composed(*overrides)
-    return build_model(cfg.model, input_shape, num_outputs, cfg.train.global_batch_size)
+    return build_model(cfg.model, input_shape, num_outputs, cfg.train.global_batch_size, cfg.train.accumulation_steps)
 
 
 @pytest.mark.slow  # imports TensorFlow in process
@@ -128,6 +136,10 @@ def test_layers_that_cannot_fit_are_refused_once_built_with_the_estimate(monkeyp
     assert "model=keras_app (tf_keras.applications.MobileNetV2) with model.resize_to=[128, 128] would need at least" in message
     assert "per example, x 64 example(s) of train.global_batch_size=64" in message and "64 MiB available" in message
     assert "Use a smaller model.resize_to" in message, message
+    assert "or train.accumulation_steps=" in message, message  # the same global batch, in micro-batches that fit
+    with pytest.raises(ConfigError) as err:  # counted per micro-batch: 16 of the 64 examples at a time
+        _build("model=keras_app", "data=digits", "model.resize_to=[128,128]", "+model.alpha=0.35", "train.accumulation_steps=4")
+    assert "x 16 example(s) of train.global_batch_size=64 (one of train.accumulation_steps=4 micro-batches)" in str(err.value)
     _build("model=mlp")  # a small model still builds
 
 
