@@ -137,6 +137,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.builders.strategy import build_strategy, strategy_name
     from runner.executors.base import Job, done_line
     from runner.executors.checkpoints import Checkpoints
+    from runner.executors.early_stopping import watch_for
     from runner.executors.profiling import Profile
 
     waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
@@ -207,6 +208,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         checkpoint_every=cfg.checkpoint.every_n_steps,
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
         schedule=scheduled(cfg.train.optimizer, total_steps),
+        watch=watch_for(cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, writes=saves),
+        restore_best=cfg.checkpoint.restore_best,
     )
     phases.mark("build")  # strategy, data, model
     result = build_executor(cfg.executor)(job)

@@ -9,6 +9,7 @@ field its Enum beside its default, and runner.config.validate checks all of them
 
 import functools
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -51,6 +52,31 @@ class OptimizerConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
+class Monitored(StrEnum):
+    """train.early_stopping.monitor: what the executors' evaluations report."""
+
+    loss = "eval/loss"
+    accuracy = "eval/accuracy"  # classification losses
+
+
+class Mode(StrEnum):
+    """train.early_stopping.mode."""
+
+    auto = "auto"  # max for accuracy, min otherwise
+    min = "min"
+    max = "max"
+
+
+@dataclass
+class EarlyStoppingConfig:
+    # with patience (or checkpoint.keep_best) set, the eval split is evaluated after every epoch
+    # (runner.executors.early_stopping): stop after `patience` evaluations in a row without improvement
+    patience: int | None = ranged(None, ge=1, null="never stop early")
+    monitor: str = choice(Monitored, "eval/loss")  # also what checkpoint.keep_best keeps the best of
+    mode: str = choice(Mode, "auto")  # auto: max for accuracy, min for a loss
+    min_delta: float = ranged(0.0, ge=0)  # an improvement is more than this
+
+
 @dataclass
 class TrainConfig:
     epochs: int = ranged(2, ge=1)
@@ -58,6 +84,7 @@ class TrainConfig:
     global_batch_size: int = ranged(64, ge=1)  # split across replicas, as the guide describes
     loss: str = choice(Loss, "auto")  # auto: from the data's task
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
     # k micro-batches per update, gradients summed: the update of the whole global batch with a k-th of the activations
     # in memory at a time (runner.executors.accumulation); must divide train.global_batch_size
@@ -96,6 +123,10 @@ class CheckpointConfig:
     dir: str | None = None  # None: <output_dir>/checkpoints (runner.config.layout)
     every_n_steps: int | None = ranged(None, ge=1, null="at the end of each epoch")  # custom loop (fit: always per epoch)
     max_to_keep: int = ranged(3, ge=1, why="the newest checkpoint is what resume= continues from")
+    # also keep, in <dir>/best, the checkpoint where train.early_stopping.monitor was best (evaluated after each epoch)
+    keep_best: bool = False
+    # end with the best checkpoint's weights: the final evaluation, model.keras and the MLflow model are the best's
+    restore_best: bool = False
 
 
 @dataclass

@@ -173,6 +173,21 @@ def accumulation_divides_the_batch(cfg):
 
 
 @check
+def best_checkpoint(cfg):
+    ckpt = cfg.checkpoint
+    if ckpt.restore_best and not ckpt.keep_best:
+        raise ConfigError(
+            "checkpoint.restore_best=true restores the best checkpoint, which only checkpoint.keep_best=true keeps: "
+            "add checkpoint.keep_best=true (the best by train.early_stopping.monitor, evaluated after each epoch)."
+        )
+    if ckpt.keep_best and not ckpt.enabled:
+        raise ConfigError(
+            "checkpoint.keep_best=true keeps a checkpoint, and checkpoint.enabled=false writes none: set "
+            "checkpoint.enabled=true, or leave checkpoint.keep_best out."
+        )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

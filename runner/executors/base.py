@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the types Job holds: TensorFlow's, imported only for the an
     from runner.builders.cluster import Cluster
     from runner.builders.data.pipeline import Data
     from runner.executors.checkpoints import Checkpoints
+    from runner.executors.early_stopping import Watch
 
 log = logging.getLogger("runner")
 
@@ -48,6 +49,8 @@ class Job:
     checkpoint_every: int | None = None  # steps; None: each epoch end
     profile: Profile = field(default_factory=lambda: Profile(None, None))  # train.profile_steps' trace (none: off)
     schedule: Callable[[int], float] | None = None  # global step -> learning rate, when one is scheduled
+    watch: Watch | None = None  # evaluations after each epoch: early stopping, the best checkpoint (None: neither)
+    restore_best: bool = False  # checkpoint.restore_best: end with the best checkpoint's weights
 
     def learning_rate(self, step: int) -> dict[str, float]:
         """train/learning_rate at a logged step: the rate its last update used (nothing without a schedule)."""

@@ -52,6 +52,7 @@ class Checkpoints:
         if self._scratch:  # removed when this object goes or the process exits (tasks of a cluster exit normally)
             weakref.finalize(self, shutil.rmtree, self._scratch, True)
         self.manager = tf.train.CheckpointManager(self._ckpt, self._scratch or directory, max_to_keep=max_to_keep)
+        self._best = None
 
     @property
     def last_step(self) -> int | None:
@@ -183,6 +184,30 @@ class Checkpoints:
             shutil.rmtree(self._scratch, ignore_errors=True)
             os.makedirs(self._scratch, exist_ok=True)
         return path
+
+    def _best_manager(self):
+        import tensorflow as tf
+
+        if self._best is None:  # one checkpoint: the best so far (the chief's in the real directory)
+            self._best = tf.train.CheckpointManager(self._ckpt, os.path.join(self._scratch or self.directory, "best"), 1)
+        return self._best
+
+    def save_best(self, step: int) -> str:
+        """The checkpoint of this step, kept in <directory>/best until a better one replaces it (checkpoint.keep_best)."""
+        self.step.assign(step)
+        manager = self._best_manager()
+        os.makedirs(manager.directory, exist_ok=True)  # a worker's scratch directory is emptied after each save
+        return manager.save(checkpoint_number=step)
+
+    def restore_best(self) -> int | None:
+        """The best checkpoint's weights, optimizer and step restored; its step, or None when none was kept."""
+        import tensorflow as tf
+
+        path = tf.train.latest_checkpoint(os.path.join(self.directory, "best"))
+        if path is None:
+            return None
+        self._ckpt.restore(path).expect_partial()
+        return int(self.step.numpy())
 
 
 def _readable(prefix: str) -> bool:

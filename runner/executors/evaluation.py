@@ -22,7 +22,11 @@ def make_evaluator(job: Job, per_example_loss):
             metric.update_state(y, logits)
 
     def results():
-        return {f"eval/{m.name}": float(m.result()) for m in [mean_loss, *metrics]}
+        """The figures since the last call (each evaluation after an epoch starts afresh)."""
+        found = {f"eval/{m.name}": float(m.result()) for m in [mean_loss, *metrics]}
+        for m in [mean_loss, *metrics]:
+            m.reset_state()
+        return found
 
     return update, results
 

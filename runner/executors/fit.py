@@ -20,6 +20,7 @@ from runner.executors.base import (
     progress_line,
     replica_metrics,
 )
+from runner.executors.early_stopping import after_epoch, restore_best
 from runner.executors.evaluation import evaluate_on_coordinator
 from runner.executors.replica_losses import ShardLosses
 from runner.tracking import phases
@@ -145,7 +146,7 @@ def _shown(logs):
     return {k: v for k, v in (logs or {}).items() if k != "replica_losses"}
 
 
-def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str):
+def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate):
     import tf_keras
 
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
@@ -158,7 +159,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             super().__init__()
             # Tensor logs, read only when reported; parameter_server: remote values, let Keras fetch them.
             tf_private.take_tf_logs(self, not job.parameter_server)
-            self.epoch, self.ended = 0, None
+            self.epoch, self.ended, self.last_step = 0, None, None
             self.logged_at = initial_step - initial_step % spe + last_log_point(initial_step % spe, every)
 
         def on_train_begin(self, logs=None):
@@ -197,6 +198,9 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
                 check_loss(job, float(np.mean(logs["loss"])), step)
             if job.checkpoints:
                 job.checkpoints.save(step)
+            self.last_step = step
+            if after_epoch(job, step, evaluate):
+                self.model.stop_training = True
             if job.parameter_server:  # no batch-level hooks there: a signal is acted on at the epoch's end
                 guard.check(step)
 
@@ -284,9 +288,17 @@ def run_fit(job: Job) -> Result:
         spread,
         accumulation_text(job.train),
     )
+
+    def evaluate() -> dict[str, float]:
+        if job.parameter_server:
+            return evaluate_on_coordinator(job)
+        eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
+        results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
+        return {f"eval/{k}": float(v) for k, v in results.items()}
+
     started = time.perf_counter()
     with StopGuard(job) as guard:
-        callbacks = _callbacks(job, meter, initial_step, guard, mode)
+        callbacks = _callbacks(job, meter, initial_step, guard, mode, evaluate)
         history = model.fit(
             x,
             y,
@@ -300,13 +312,9 @@ def run_fit(job: Job) -> Result:
         )
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
     phases.mark("train")
-    steps = job.train.epochs * data.steps_per_epoch
-    if job.parameter_server:
-        eval_metrics = evaluate_on_coordinator(job)
-    else:
-        eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
-        results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
-        eval_metrics = {f"eval/{k}": float(v) for k, v in results.items()}
+    steps = callbacks[0].last_step or job.train.epochs * data.steps_per_epoch  # fewer when stopped early
+    restore_best(job, job.restore_best)
+    eval_metrics = evaluate()
     phases.mark("evaluation")
     summary = meter.summary(train_sec)
     job.reporter.log_metrics({**eval_metrics, **summary}, steps)

@@ -11,6 +11,7 @@ import time
 
 from runner.control import stopping
 from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line
+from runner.executors.early_stopping import after_epoch, restore_best
 from runner.tracking import phases
 
 
@@ -105,8 +106,11 @@ def run(job: Job, trainer: Trainer) -> Result:
     started = time.perf_counter()
     trainer.begin()
     epoch_loss = float("nan")
+    stopped_early = False
     with stopping.StopGuard(job) as guard:
         for epoch in range(step // spe, epochs):
+            if stopped_early:
+                break
             done = step - epoch * spe
             loss_sum, counted, logged_at = 0.0, 0, last_log_point(done, every)
             progress.epoch(epoch)
@@ -138,8 +142,12 @@ def run(job: Job, trainer: Trainer) -> Result:
                 if due_ckpt:
                     job.checkpoints.save(step)
                     last_saved = step
+                if done == spe and after_epoch(job, step, trainer.evaluate):
+                    stopped_early = True
+                    break
                 guard.check(step)
     trainer.end()
     train_sec = time.perf_counter() - started
     phases.mark("train")
+    restore_best(job, job.restore_best)
     return finish(job, meter, step, epoch_loss, train_sec, trainer.evaluate)

@@ -54,6 +54,16 @@ ROWS = {
     "unknown-optimizer": Row(
         ["train.optimizer.name=lbfgs"], 2, ["train.optimizer.name='lbfgs' is not valid", "sgd, adam, adamw, rmsprop, adagrad"]
     ),
+    "accumulation-not-dividing": Row(
+        ["train.accumulation_steps=3"],
+        2,
+        ["train.accumulation_steps=3 does not divide train.global_batch_size=64", "Use a divisor of 64 (2, 4, 8"],
+    ),
+    "restore-best-without-keep-best": Row(
+        ["checkpoint.restore_best=true"],
+        2,
+        ["checkpoint.restore_best=true restores the best checkpoint", "add checkpoint.keep_best=true"],
+    ),
     "too-many-logical-cpus": Row(
         ["devices.logical_cpus=1000"], 2, ["devices.logical_cpus=1000 is more than this machine can use", "cluster.workers=N"]
     ),

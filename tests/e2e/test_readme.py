@@ -238,6 +238,8 @@ def check_training(scratch, args, result):
     assert f"loss/replica_{replicas - 1}" in metrics and f"loss/replica_{replicas}" not in metrics
     if any(a.startswith("train.optimizer.schedule.") for a in args):  # a scheduled rate is logged at each log point
         assert "train/learning_rate" in metrics, sorted(metrics)
+    if "checkpoint.keep_best=true" in args:  # evaluated after its epoch, the best kept and named
+        assert {"best/eval/loss", "best/step"} <= set(metrics) and list((run_dir / "checkpoints" / "best").glob("*.index"))
     for k in [a.split("=", 1)[1] for a in args if a.startswith("train.accumulation_steps=")]:  # said where it trains
         assert f", {k} micro-batches per update" in (run_dir / "runner.log").read_text()
     artifacts = {a.path for a in scratch.client.list_artifacts(run.info.run_id)}

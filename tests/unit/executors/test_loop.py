@@ -38,8 +38,15 @@ class Checkpoints:
         self.saved.append(step)
         self.last_step = step
 
+    def save_best(self, step):
+        self.best = step
 
-def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None, schedule=None):
+    def restore_best(self):
+        self.restored = self.best
+        return self.best
+
+
+def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None, schedule=None, watch=None, restore_best=False):
     job = SimpleNamespace(
         data=SimpleNamespace(steps_per_epoch=spe, global_batch_size=8),
         train=SimpleNamespace(epochs=epochs, log_every_n_steps=every, optimizer=SimpleNamespace(learning_rate=0.1)),
@@ -52,6 +59,8 @@ def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None,
         strategy=None,  # StopGuard: no TF handler
         profile=Profile(None, None),  # train.profile_steps unset: no trace
         schedule=schedule,
+        watch=watch,
+        restore_best=restore_best,
     )
     job.learning_rate = lambda step: Job.learning_rate(job, step)
     job.restore = lambda: checkpoints.restore() if checkpoints else 0
@@ -108,6 +117,27 @@ def test_calls_are_cut_at_epoch_ends_logged_on_cadence_and_synced_after_each_cal
     assert "throughput/examples_per_sec" in values
     assert (result.steps, result.final_loss, result.eval) == (20, pytest.approx(15.5), {"eval/loss": 0.5})
     assert job.reporter.logged[-1][0] == 20 and "time/train_sec" in job.reporter.logged[-1][1]
+
+
+def test_early_stopping_ends_training_at_the_epoch_it_decides_and_restores_the_best():
+    from runner.executors.early_stopping import Watch
+
+    class Evaluations(FakeTrainer):
+        figures = iter([0.9, 0.5, 0.7, 0.6, 0.1, 0.0])  # best after epoch 2, then 2 epochs without improving
+
+        def evaluate(self):
+            return {"eval/loss": next(self.figures)}
+
+    checkpoints = Checkpoints()
+    watch = Watch(monitor="eval/loss", patience=2, keep_best=True)
+    job = make_job(epochs=6, checkpoints=checkpoints, watch=watch, restore_best=True)
+    trainer = Evaluations(steps_per_call=10)
+    result = loop.run(job, trainer)
+    assert trainer.calls == [10] * 4 and result.steps == 40  # stopped after epoch 4 of 6
+    assert checkpoints.saved == [10, 20, 30, 40] and checkpoints.best == 20 and checkpoints.restored == 20
+    evaluated = [(step, v["eval/loss"]) for step, v in job.reporter.logged if "eval/loss" in v]
+    assert evaluated == [(10, 0.9), (20, 0.5), (30, 0.7), (40, 0.6), (40, 0.1)]  # each epoch, then the final one
+    assert [v.get("best/step") for step, v in job.reporter.logged if "eval/loss" in v][:4] == [10.0, 20.0, 20.0, 20.0]
 
 
 def test_a_scheduled_rate_is_logged_beside_the_loss_as_the_rate_of_the_steps_last_update():
