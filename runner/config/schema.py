@@ -78,6 +78,14 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class RecoveryConfig:
+    # Model Garden's loss blow-up recovery (custom loop): a NaN or inf loss, or one above loss_upper_bound, goes back
+    # to the last good checkpoint and trains on, up to max_recoveries times; then, or with 0, the run stops (exit 4)
+    max_recoveries: int = ranged(0, ge=0)
+    loss_upper_bound: float | None = ranged(None, gt=0, null="only NaN and inf")  # both executors: above it stops
+
+
+@dataclass
 class TrainConfig:
     epochs: int = ranged(2, ge=1)
     steps_per_epoch: int | None = ranged(None, ge=1, null="one pass over the data")  # None: training examples // global batch
@@ -85,6 +93,7 @@ class TrainConfig:
     loss: str = choice(Loss, "auto")  # auto: from the data's task
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
     # k micro-batches per update, gradients summed: the update of the whole global batch with a k-th of the activations
     # in memory at a time (runner.executors.accumulation); must divide train.global_batch_size

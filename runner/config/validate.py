@@ -188,6 +188,24 @@ def best_checkpoint(cfg):
 
 
 @check
+def recovery(cfg):
+    n = cfg.train.recovery.max_recoveries
+    if not isinstance(n, int) or n <= 0:
+        return
+    if cfg.executor.name != "custom_loop":
+        raise ConfigError(
+            f"train.recovery.max_recoveries={n} goes back to a checkpoint in the middle of training, which only "
+            f"executor=custom_loop can do (Model.fit has no way back inside fit()); use executor=custom_loop, or "
+            "train.recovery.max_recoveries=0 (train.recovery.loss_upper_bound alone stops a run in both)."
+        )
+    if not cfg.checkpoint.enabled:
+        raise ConfigError(
+            f"train.recovery.max_recoveries={n} goes back to the last good checkpoint, and checkpoint.enabled=false "
+            "writes none: set checkpoint.enabled=true (checkpoint.every_n_steps sets how far back a recovery goes)."
+        )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

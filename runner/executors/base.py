@@ -241,9 +241,16 @@ def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, r
     return f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}{speed}"
 
 
-def check_loss(job: Job, loss: float, step: int) -> None:
-    """Stop with a clear error when the loss is NaN or infinite; the last good checkpoint stays as it is."""
-    if math.isfinite(loss):
+def loss_blown_up(job: Job, loss: float) -> bool:
+    """NaN, inf, or above train.recovery.loss_upper_bound."""
+    bound = job.train.recovery.loss_upper_bound
+    return not math.isfinite(loss) or (bound is not None and loss > bound)
+
+
+def check_loss(job: Job, loss: float, step: int, recovered: int = 0) -> None:
+    """Stop with a clear error when the loss is NaN, infinite or above its bound; the last good checkpoint stays as it
+    is. `recovered`: how many times the custom loop went back to a checkpoint before (train.recovery)."""
+    if not loss_blown_up(job, loss):
         return
     last = job.checkpoints.last_step if job.checkpoints else None
     kept = (
@@ -251,7 +258,34 @@ def check_loss(job: Job, loss: float, step: int) -> None:
         if last is not None
         else "No checkpoint had been written yet. "
     )
+    bound = job.train.recovery.loss_upper_bound
+    what = (
+        f"became {loss}" if not math.isfinite(loss) else f"rose to {loss:.6g}, above train.recovery.loss_upper_bound={bound:g},"
+    )
+    tried = f" after {recovered} recovery(ies) from a checkpoint (train.recovery.max_recoveries={recovered})" if recovered else ""
     raise TrainingError(
-        f"the training loss became {loss} by step {step}; training stopped. {kept}Lower "
+        f"the training loss {what} by step {step}{tried}; training stopped. {kept}Lower "
         f"train.optimizer.learning_rate (now {job.train.optimizer.learning_rate:g}), or check the data for NaN/inf values."
     )
+
+
+def recover(job: Job, loss: float, step: int, recovered: int) -> int | None:
+    """train.recovery: the step of the last good checkpoint, restored, when the loss blew up and a recovery is left;
+    None when it did not blow up. Raises check_loss's error when none is left."""
+    if not loss_blown_up(job, loss):
+        return None
+    checkpoints = job.checkpoints
+    if recovered >= job.train.recovery.max_recoveries or not checkpoints or checkpoints.last_step is None:
+        check_loss(job, loss, step, recovered)
+    back = checkpoints.restore()
+    log.warning(
+        "the training loss was %s at step %d: back to the checkpoint of step %d and on (recovery %d of %d, "
+        "train.recovery.max_recoveries)",
+        f"{loss:.6g}",
+        step,
+        back,
+        recovered + 1,
+        job.train.recovery.max_recoveries,
+    )
+    job.reporter.log_metrics({"train/recoveries": float(recovered + 1)}, step)
+    return back

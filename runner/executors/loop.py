@@ -10,7 +10,7 @@ parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has it
 import time
 
 from runner.control import stopping
-from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line
+from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line, recover
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.tracking import phases
 
@@ -106,15 +106,15 @@ def run(job: Job, trainer: Trainer) -> Result:
     started = time.perf_counter()
     trainer.begin()
     epoch_loss = float("nan")
-    stopped_early = False
+    stopped_early, recovered = False, 0
     with stopping.StopGuard(job) as guard:
-        for epoch in range(step // spe, epochs):
-            if stopped_early:
-                break
+        epoch = step // spe
+        while epoch < epochs and not stopped_early:
             done = step - epoch * spe
             loss_sum, counted, logged_at = 0.0, 0, last_log_point(done, every)
             progress.epoch(epoch)
             meter.resume()
+            back = None  # the step of the checkpoint a blown-up loss went back to (train.recovery)
             while done < spe:
                 n = min(trainer.steps_per_call, spe - done)
                 job.profile.before(step + 1, n)
@@ -125,9 +125,14 @@ def run(job: Job, trainer: Trainer) -> Result:
                 due_ckpt = checkpoint_due(job, step, done == spe, last_saved)
                 if not (trainer.sync_every_call or due_log or due_ckpt or stopping.requested()):
                     continue
-                for k, loss in trainer.sync():
+                synced = trainer.sync()
+                for k, loss in synced:
                     loss_sum, counted = loss_sum + loss * k, counted + k
                 epoch_loss = loss_sum / counted
+                worst = max((loss for _, loss in synced), key=lambda v: (v != v, v))  # NaN first: the one to catch
+                back = recover(job, worst, step, recovered)
+                if back is not None:
+                    break
                 check_loss(job, epoch_loss, step)
                 meter.tick(step)
                 progress.update(done, epoch_loss)
@@ -146,6 +151,12 @@ def run(job: Job, trainer: Trainer) -> Result:
                     stopped_early = True
                     break
                 guard.check(step)
+            if back is not None:  # on from the checkpoint's step, inside its epoch
+                step = last_saved = back
+                recovered += 1
+                epoch = step // spe
+                continue
+            epoch += 1
     trainer.end()
     train_sec = time.perf_counter() - started
     phases.mark("train")

@@ -514,3 +514,24 @@ def test_bad_data_and_devices_end_failed_before_the_first_step(runner, bad_files
         assert needles[0] in runs[name].data.tags["error"]
     assert not [r for r in runs.values() if r.info.status == "RUNNING"]
     assert not _processes_mentioning(str(bad_files))
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["train.recovery.max_recoveries=2"], "which only executor=custom_loop can do"),  # the default executor is fit
+        (
+            ["executor=custom_loop", "train.recovery.max_recoveries=2", "checkpoint.enabled=false"],
+            "checkpoint.enabled=false writes none",
+        ),
+        (["train.recovery.loss_upper_bound=0"], "train.recovery.loss_upper_bound=0.0 must be greater than 0"),
+        (["train.recovery.max_recoveries=-1"], "train.recovery.max_recoveries=-1"),
+    ],
+)
+def test_recovery_settings_that_cannot_work_are_refused_naming_them(overrides, said):
+    from runner.config.validate import check_config
+
+    with pytest.raises(ConfigError) as err:
+        check_config(composed(*overrides))
+    assert said in str(err.value) and "\n" not in str(err.value)
+    check_config(composed("executor=custom_loop", "train.recovery.max_recoveries=2", "train.recovery.loss_upper_bound=50"))

@@ -46,10 +46,17 @@ class Checkpoints:
         return self.best
 
 
-def make_job(epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None, schedule=None, watch=None, restore_best=False):
+def make_job(
+    epochs=2, spe=10, every=4, checkpoints=None, checkpoint_every=None, schedule=None, watch=None, restore_best=False, **recovery
+):
     job = SimpleNamespace(
         data=SimpleNamespace(steps_per_epoch=spe, global_batch_size=8),
-        train=SimpleNamespace(epochs=epochs, log_every_n_steps=every, optimizer=SimpleNamespace(learning_rate=0.1)),
+        train=SimpleNamespace(
+            epochs=epochs,
+            log_every_n_steps=every,
+            optimizer=SimpleNamespace(learning_rate=0.1),
+            recovery=SimpleNamespace(**{"max_recoveries": 0, "loss_upper_bound": None, **recovery}),
+        ),
         reporter=Reporter(),
         checkpoints=checkpoints,
         checkpoint_every=checkpoint_every,
@@ -138,6 +145,38 @@ def test_early_stopping_ends_training_at_the_epoch_it_decides_and_restores_the_b
     evaluated = [(step, v["eval/loss"]) for step, v in job.reporter.logged if "eval/loss" in v]
     assert evaluated == [(10, 0.9), (20, 0.5), (30, 0.7), (40, 0.6), (40, 0.1)]  # each epoch, then the final one
     assert [v.get("best/step") for step, v in job.reporter.logged if "eval/loss" in v][:4] == [10.0, 20.0, 20.0, 20.0]
+
+
+class Restorable(Checkpoints):
+    def restore(self):
+        return self.last_step or 0
+
+
+def test_a_blown_up_loss_goes_back_to_the_last_checkpoint_and_trains_on():
+    checkpoints = Restorable()
+    job = make_job(epochs=3, checkpoints=checkpoints, max_recoveries=2, loss_upper_bound=100.0)
+    # the fake's own step count goes on after a recovery: its calls end at 5, 10, ..., 25 (NaN), 30 (1e6), 35, ...
+    trainer = FakeTrainer(steps_per_call=5, losses={25: math.nan, 30: 1e6})
+    result = loop.run(job, trainer)
+    recoveries = [(step, v["train/recoveries"]) for step, v in job.reporter.logged if "train/recoveries" in v]
+    assert recoveries == [(25, 1.0), (25, 2.0)]  # twice from step 20: a NaN, then a loss above the bound
+    assert checkpoints.saved == [10, 20, 30] and result.steps == 30 and trainer.calls == [5] * 8
+    assert all(math.isfinite(v["loss"]) for _, v in job.reporter.logged if "loss" in v)  # no blown-up point logged
+
+
+@pytest.mark.parametrize(
+    "recovery, losses, said",
+    [
+        ({"max_recoveries": 1}, {15: math.nan, 20: math.nan}, "became nan by step 15 after 1 recovery(ies) from a checkpoint"),
+        ({"loss_upper_bound": 10.0}, {15: 11.0}, "rose to 11, above train.recovery.loss_upper_bound=10, by step 15"),
+        ({"max_recoveries": 3}, {5: math.nan}, "became nan by step 5; training stopped. No checkpoint had been written yet"),
+    ],
+)
+def test_past_its_recoveries_or_without_a_checkpoint_the_run_stops_naming_them(recovery, losses, said):
+    job = make_job(epochs=3, checkpoints=Restorable(), **recovery)
+    with pytest.raises(TrainingError) as err:
+        loop.run(job, FakeTrainer(steps_per_call=5, losses=losses))
+    assert said in str(err.value)
 
 
 def test_a_scheduled_rate_is_logged_beside_the_loss_as_the_rate_of_the_steps_last_update():

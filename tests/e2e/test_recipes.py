@@ -1,9 +1,13 @@
-"""train.early_stopping, checkpoint.keep_best and checkpoint.restore_best through `python -m runner`, both executors.
+"""Training recipes through `python -m runner`: early stopping with the best checkpoint (both executors), and loss
+blow-up recovery (the custom loop).
 
-The monitored metric is eval/accuracy with mode=min, a choice that makes the first evaluation the best one on this
+Early stopping monitors eval/accuracy with mode=min, a choice that makes the first evaluation the best one on this
 data (accuracy rises from the first epoch): training must stop `patience` evaluations later, and the run must end
-with the first epoch's weights, not its last ones."""
+with the first epoch's weights, not its last ones. Recovery trains on data with one outlier whose batch's loss is far
+above train.recovery.loss_upper_bound in every pass over the data: each time, the run goes back one step (a
+checkpoint every step) and trains on past it."""
 
+import numpy as np
 import pytest
 
 from helpers import mlflow_run_by_name
@@ -24,11 +28,32 @@ WATCHED = [
     f"mlflow.experiment_name={EXPERIMENT}",
 ]
 RUNS = {"fit": ["strategy=mirrored", "devices.logical_cpus=2", "executor=fit"], "custom_loop": ["executor=custom_loop"]}
+BOUND = 1000.0
 
 
 @pytest.fixture(scope="module")
-def runs(runner):
-    done = runner.many({name: [*args, *WATCHED] for name, args in RUNS.items()})
+def runs(runner, tmp_path_factory):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 20)).astype("float32")
+    y = x[:, :1] * 0.5
+    y[100] = 1e4  # one example: its batch's mean squared error is above 1e6
+    path = tmp_path_factory.mktemp("outlier") / "outlier.npz"
+    np.savez(path, x_train=x, y_train=y, x_eval=x[:64], y_eval=x[:64, :1] * 0.5)
+    recovering = [
+        "executor=custom_loop",
+        "data=npz",
+        f"data.path={path}",
+        "data.task=regression",
+        "train.global_batch_size=64",
+        "train.epochs=3",
+        "checkpoint.every_n_steps=1",
+        "train.recovery.max_recoveries=10",
+        f"train.recovery.loss_upper_bound={BOUND}",
+        "train.log_every_n_steps=1",
+        f"mlflow.experiment_name={EXPERIMENT}",
+    ]
+    jobs = {**{name: [*args, *WATCHED] for name, args in RUNS.items()}, "recovery": recovering}
+    done = runner.many(jobs)
     for name, result in done.items():
         assert result.returncode == 0, f"{name} failed:\n{result.output[-3000:]}"
     return done
@@ -65,3 +90,16 @@ def test_the_epoch_evaluations_of_both_executors_agree(runs, runner):
     assert [s for s, _ in fit] == [s for s, _ in loop] == [8, 16, 24, 24]
     for (_, a), (_, b) in zip(fit, loop):
         assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_a_loss_above_its_bound_goes_back_a_step_and_the_run_trains_on_past_it(runs, runner):
+    result = runs["recovery"]
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "recovery")
+    assert run.info.status == "FINISHED"
+    recoveries = client.get_metric_history(run.info.run_id, "train/recoveries")
+    # one outlier per pass over the data (8 batches), 3 epochs of 8 steps: 3 or 4 passes are read
+    assert 3 <= len(recoveries) <= 4 and max(m.value for m in recoveries) == len(recoveries), recoveries
+    assert result.output.count("back to the checkpoint of step") == len(recoveries)
+    _, losses = _history(runner, "recovery", "loss")
+    assert [s for s, _ in losses] == list(range(1, 25)) and all(v < BOUND for _, v in losses)  # every step, none blown up
+    assert run.data.metrics["eval/loss"] < 1.0
