@@ -135,6 +135,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.builders.model import build_model, loss_name
     from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
+    from runner.executors.accumulation import warn_batch_norm
     from runner.executors.base import Job, done_line
     from runner.executors.checkpoints import Checkpoints
     from runner.executors.early_stopping import watch_for
@@ -177,6 +178,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     with strategy.scope():
         train = cfg.train
         model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, train.global_batch_size, train.accumulation_steps)
+        warn_batch_norm(model, train.accumulation_steps)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model

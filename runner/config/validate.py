@@ -166,7 +166,7 @@ def accumulation_divides_the_batch(cfg):
         whole = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:6]
         raise ConfigError(
             f"train.accumulation_steps={k} does not divide train.global_batch_size={batch}: each update is made of "
-            f"{k} micro-batches of an equal share of the global batch. Use a divisor of {batch}"
+            f"{k} micro-batches, a k-th of each replica's share of the global batch. Use a divisor of {batch}"
             + (f" ({', '.join(map(str, whole))})" if whole else " (1: no accumulation)")
             + f", or a global batch that is a multiple of {k}."
         )
@@ -184,6 +184,23 @@ def best_checkpoint(cfg):
         raise ConfigError(
             "checkpoint.keep_best=true keeps a checkpoint, and checkpoint.enabled=false writes none: set "
             "checkpoint.enabled=true, or leave checkpoint.keep_best out."
+        )
+
+
+@check
+def early_stopping(cfg):
+    es = cfg.train.early_stopping
+    if es.patience is not None and cfg.cluster.get("evaluator"):
+        raise ConfigError(
+            f"train.early_stopping.patience={es.patience} may end training before its last step, which "
+            "cluster.evaluator=true's side-car waits for; leave one of them out (early stopping evaluates after each "
+            "epoch on its own)."
+        )
+    watched = es.patience is not None or cfg.checkpoint.keep_best
+    if watched and es.monitor == "eval/accuracy" and cfg.train.loss == "mse":
+        raise ConfigError(
+            "train.early_stopping.monitor=eval/accuracy is not evaluated with train.loss=mse (regression has no "
+            "accuracy): use train.early_stopping.monitor=eval/loss."
         )
 
 

@@ -262,7 +262,8 @@ def check_loss(job: Job, loss: float, step: int, recovered: int = 0) -> None:
     what = (
         f"became {loss}" if not math.isfinite(loss) else f"rose to {loss:.6g}, above train.recovery.loss_upper_bound={bound:g},"
     )
-    tried = f" after {recovered} recovery(ies) from a checkpoint (train.recovery.max_recoveries={recovered})" if recovered else ""
+    most = job.train.recovery.max_recoveries
+    tried = f" after {recovered} recovery(ies) from a checkpoint (train.recovery.max_recoveries={most})" if recovered else ""
     raise TrainingError(
         f"the training loss {what} by step {step}{tried}; training stopped. {kept}Lower "
         f"train.optimizer.learning_rate (now {job.train.optimizer.learning_rate:g}), or check the data for NaN/inf values."

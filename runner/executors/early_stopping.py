@@ -28,7 +28,10 @@ def direction(monitor: str, mode: str) -> str:
 
 
 class Watch:
-    """The monitored metric over the evaluations: the best value and its step, and how many evaluations since."""
+    """The monitored metric over the evaluations: the best value and its step, and how many evaluations since.
+
+    It keeps every evaluation (one per epoch) by step: a step evaluated again, after a recovery or a resume went back
+    before it, replaces the earlier evaluation instead of counting twice."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class Watch:
         self.patience, self.min_delta, self.keep_best = patience, min_delta, keep_best
         self.path = os.path.join(state_dir, STATE_FILE) if state_dir else None
         self.writes = writes
+        self.evaluations: list[tuple[int, float]] = []
         self.best: float | None = None
         self.best_step: int | None = None
         self.since = 0  # evaluations without improvement
@@ -56,25 +60,35 @@ class Watch:
             with open(self.path) as f:
                 state = json.load(f)
             if state.get("monitor") == self.monitor:  # another metric watched now: start afresh
-                self.best, self.best_step, self.since = state["best"], state["best_step"], int(state["since"])
+                self.evaluations = [(int(step), float(value)) for step, value in state["evaluations"]]
+                self._replay()
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.warning("%s could not be read (%s): early stopping counts from this run's first evaluation", self.path, err)
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """best.json, after the best checkpoint it names is written (the chief's; the other workers keep none)."""
         if not (self.path and self.writes):
             return
-        state = {"monitor": self.monitor, "best": self.best, "best_step": self.best_step, "since": self.since}
+        state = {"monitor": self.monitor, "evaluations": self.evaluations, "best": self.best, "best_step": self.best_step}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path + ".tmp", "w") as f:
             json.dump(state, f)
         os.replace(self.path + ".tmp", self.path)  # whole or the previous one
 
-    def improved(self, value: float) -> bool:
+    def _beats(self, value: float, best: float | None) -> bool:
         if not math.isfinite(value):
             return False
-        if self.best is None:
+        if best is None:
             return True
-        return value < self.best - self.min_delta if self.direction == "min" else value > self.best + self.min_delta
+        return value < best - self.min_delta if self.direction == "min" else value > best + self.min_delta
+
+    def _replay(self) -> None:
+        self.best, self.best_step, self.since = None, None, 0
+        for step, value in self.evaluations:
+            if self._beats(value, self.best):
+                self.best, self.best_step, self.since = value, step, 0
+            else:
+                self.since += 1
 
     def update(self, results: dict[str, float], step: int) -> tuple[bool, bool]:
         """(this evaluation is the best so far, training should stop now)."""
@@ -83,14 +97,9 @@ class Watch:
                 f"train.early_stopping.monitor={self.monitor} is not among this run's evaluation metrics "
                 f"({', '.join(sorted(results))}); use one of them (eval/accuracy needs a classification loss)."
             )
-        value = float(results[self.monitor])
-        better = self.improved(value)
-        if better:
-            self.best, self.best_step, self.since = value, step, 0
-        else:
-            self.since += 1
-        self._save()
-        return better, self.patience is not None and self.since >= self.patience
+        self.evaluations = [(s, v) for s, v in self.evaluations if s < step] + [(step, float(results[self.monitor]))]
+        self._replay()
+        return self.best_step == step, self.patience is not None and self.since >= self.patience
 
     def metrics(self) -> dict[str, float]:
         """best/<monitor> and best/step, once there is a best."""
@@ -125,6 +134,7 @@ def after_epoch(job, step: int, evaluate) -> bool:
     better, stop = watch.update(results, step)
     if better and watch.keep_best and job.checkpoints:
         job.checkpoints.save_best(step)
+    watch.save()
     job.reporter.log_metrics({**results, **watch.metrics()}, step)
     said = ", ".join(f"{k}={v:.4f}" for k, v in results.items())
     best = f"best {watch.monitor}={watch.best:.4f} at step {watch.best_step}" if watch.best is not None else "no best yet"

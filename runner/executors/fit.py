@@ -21,7 +21,7 @@ from runner.executors.base import (
     replica_metrics,
 )
 from runner.executors.early_stopping import after_epoch, restore_best
-from runner.executors.evaluation import evaluate_on_coordinator
+from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
 from runner.executors.replica_losses import ShardLosses
 from runner.tracking import phases
 
@@ -68,13 +68,13 @@ def _replica_loss_model(
                 with tf.GradientTape() as tape:
                     y_pred = self(x, training=True)
                     # compute_loss: the slice's mean (its share of the loss metric, by its size); times its share
-                    loss = self.compute_loss(x, y, y_pred, sample_weight) * fraction
+                    loss = tf.cast(self.compute_loss(x, y, y_pred, sample_weight), tf.float32) * fraction
                     target = self.optimizer.get_scaled_loss(loss) if scaled else loss
                 self.compiled_metrics.update_state(y, y_pred, sample_weight)
                 # the replica's shard loss: the unweighted mean over its batch (regularization losses made inside the
                 # loop cannot be read after it, so not `loss` undone as below)
-                mean = tf.reduce_mean(per_example_loss(y, y_pred)) * fraction
-                return tape.gradient(target, variables), (tf.cast(loss, tf.float32), tf.cast(mean, tf.float32))
+                mean = tf.cast(tf.reduce_mean(per_example_loss(y, y_pred)), tf.float32) * fraction
+                return tape.gradient(target, variables), (loss, mean)
 
             part = (x, y) if sample_weight is None else (x, y, sample_weight)
             grads, (loss, mean) = accumulated(accumulation_steps, part, micro_step)
@@ -289,9 +289,13 @@ def run_fit(job: Job) -> Result:
         accumulation_text(job.train),
     )
 
+    coordinator = []  # parameter_server: one evaluator (its metric variables) for every evaluation
+
     def evaluate() -> dict[str, float]:
         if job.parameter_server:
-            return evaluate_on_coordinator(job)
+            if not coordinator:
+                coordinator.append(make_evaluator(job, build_loss(job.loss, tf_keras.losses.Reduction.NONE)))
+            return evaluate_on_coordinator(job, coordinator[0])
         eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
         results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
         return {f"eval/{k}": float(v) for k, v in results.items()}

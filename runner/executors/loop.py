@@ -130,6 +130,8 @@ def run(job: Job, trainer: Trainer) -> Result:
                     loss_sum, counted = loss_sum + loss * k, counted + k
                 epoch_loss = loss_sum / counted
                 worst = max((loss for _, loss in synced), key=lambda v: (v != v, v))  # NaN first: the one to catch
+                if due_ckpt and job.train.recovery.max_recoveries and not job.checkpoints.weights_finite():
+                    worst = float("nan")  # a finite loss whose update made the weights NaN: not a checkpoint to keep
                 back = recover(job, worst, step, recovered)
                 if back is not None:
                     break
@@ -149,6 +151,9 @@ def run(job: Job, trainer: Trainer) -> Result:
                     last_saved = step
                 if done == spe and after_epoch(job, step, trainer.evaluate):
                     stopped_early = True
+                    if job.checkpoints and last_saved != step:  # a resume then starts where it stopped
+                        job.checkpoints.save(step)
+                        last_saved = step
                     break
                 guard.check(step)
             if back is not None:  # on from the checkpoint's step, inside its epoch

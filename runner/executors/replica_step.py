@@ -27,7 +27,8 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
         # Gradients are summed across replicas (and micro-batches): divide by the global batch, not the replica's.
         loss = tf.nn.compute_average_loss(losses, global_batch_size=gbs)
         if model.losses:  # once per update: each micro-batch adds its share
-            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses)) * fraction
+            regularization = tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            loss += regularization * tf.cast(fraction, regularization.dtype)
         # mixed precision: scale the loss up (on the tape) so float16 gradients do not underflow
         return loss, optimizer.get_scaled_loss(loss) if scaled else loss
 

@@ -35,10 +35,10 @@ def runs(runner):
     jobs = {
         "reference-fit": ["strategy=default", "executor=fit", *FAST],
         "reference-custom_loop": ["strategy=default", "executor=custom_loop", *FAST],
-        # gradient accumulation across workers: 2 micro-batches per update must still give the reference's weights
+        # gradient accumulation across workers (fit): 2 micro-batches per update must still give the reference's weights
         "mwms-fit": [*MWMS, "executor=fit", *FAST, "train.accumulation_steps=2"],
-        "mwms-custom_loop": [*MWMS, "executor=custom_loop", *FAST, "train.accumulation_steps=2"],
-        "ps-fit": [*PS, "executor=fit", *FAST, "cluster.evaluator=true", "train.accumulation_steps=2"],
+        "mwms-custom_loop": [*MWMS, "executor=custom_loop", *FAST],
+        "ps-fit": [*PS, "executor=fit", *FAST, "cluster.evaluator=true"],
         "ps-custom_loop": [
             *PS,
             "executor=custom_loop",

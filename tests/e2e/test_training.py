@@ -10,11 +10,12 @@ pytestmark = pytest.mark.slow  # end to end: trains every strategy through `pyth
 
 STRATEGIES = {
     "default": ["strategy=default"],
-    # gradient accumulation: 4 and 2 micro-batches per update must reach the default strategy's weights
+    # gradient accumulation: 4 and 2 micro-batches per update must reach the default strategy's weights (mirrored x4
+    # and the others without it: the default path is checked as well)
     "one_device": ["strategy=one_device", "train.accumulation_steps=4"],
     "mirrored1": ["strategy=mirrored", "devices.logical_cpus=1"],
-    "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4", "train.accumulation_steps=2"],
-    "central_storage": ["strategy=central_storage", "devices.logical_cpus=4"],
+    "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],
+    "central_storage": ["strategy=central_storage", "devices.logical_cpus=4", "train.accumulation_steps=2"],
     "mwms_single": ["strategy=multi_worker_mirrored"],
 }
 EXECUTORS = ["fit", "custom_loop"]

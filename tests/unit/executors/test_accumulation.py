@@ -32,7 +32,37 @@ def _model(tf_keras, seed):
     return tf_keras.Model(inputs, tf_keras.layers.Dense(1)(hidden))
 
 
-def _after_one_update(executor, k, x, y, seed):
+def _branching(tf_keras, seed):
+    """A subclassed model with tensor-dependent Python in call(): AutoGraph must convert it inside the slice loop."""
+    import tensorflow as tf
+
+    tf_keras.utils.set_random_seed(seed)
+
+    class Branching(tf_keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = tf_keras.layers.Dense(1), tf_keras.layers.Dense(1)
+
+        def call(self, x):
+            if tf.reduce_max(tf.abs(x)) > 1e6:  # never on this data, so the micro-batches take the whole batch's branch
+                return self.a(x)
+            return self.b(x)
+
+    model = Branching()
+    for layer in (model.a, model.b):  # both branches' variables, before any step (the optimizer's list)
+        layer(tf.ones((1, 5)))
+    model(tf.ones((1, 5)))  # built eagerly: Keras' build() traces call() without AutoGraph
+    return model
+
+
+def _half_precision(tf_keras, seed):
+    """float16 outputs and loss scaling (train.mixed_precision with a model of the user's that leaves them so)."""
+    tf_keras.utils.set_random_seed(seed)
+    inputs = tf_keras.Input((5,))
+    return tf_keras.Model(inputs, tf_keras.layers.Dense(1, dtype="mixed_float16")(inputs))
+
+
+def _after_one_update(executor, k, x, y, seed, make=_model, scaled=False):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tensorflow as tf
     import tf_keras
@@ -40,8 +70,10 @@ def _after_one_update(executor, k, x, y, seed):
     from runner.executors.fit import _replica_loss_model
     from runner.executors.replica_step import make_replica_step
 
-    model = _model(tf_keras, seed)
+    model = make(tf_keras, seed)
     optimizer = tf_keras.optimizers.SGD(0.1, momentum=0.5)
+    if scaled:
+        optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     train = OmegaConf.create({"accumulation_steps": k})
     mse = tf_keras.losses.MeanSquaredError(reduction=tf_keras.losses.Reduction.NONE)
     if executor == "custom_loop":
@@ -92,3 +124,32 @@ def test_a_k_that_divides_it_passes_and_zero_is_out_of_range():
     validate.check_config(composed("train.accumulation_steps=4", "train.global_batch_size=64"))
     with pytest.raises(ConfigError, match="train.accumulation_steps"):
         validate.check_config(composed("train.accumulation_steps=0"))
+
+
+@pytest.mark.slow  # imports TensorFlow
+@pytest.mark.parametrize("executor", ["custom_loop", "fit"])
+@pytest.mark.parametrize(
+    "make, scaled, rtol", [(_branching, False, 1e-5), (_half_precision, True, 2e-3)], ids=["autograph", "float16"]
+)
+def test_a_model_with_tensor_dependent_python_or_float16_outputs_accumulates_too(executor, make, scaled, rtol):
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(8, 5)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+    whole, _, _ = _after_one_update(executor, 1, x, y, 3, make, scaled)
+    parts, _, _ = _after_one_update(executor, 2, x, y, 3, make, scaled)
+    for a, b in zip(parts, whole):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-4 if scaled else 1e-7)
+
+
+@pytest.mark.slow  # imports TensorFlow
+def test_batch_normalization_with_accumulation_is_a_warning(caplog):
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras
+
+    from runner.executors.accumulation import warn_batch_norm
+
+    inputs = tf_keras.Input((5,))
+    model = tf_keras.Model(inputs, tf_keras.layers.BatchNormalization(name="bn")(tf_keras.layers.Dense(3)(inputs)))
+    warn_batch_norm(model, 1)
+    assert not caplog.records
+    warn_batch_norm(model, 2)
+    assert "train.accumulation_steps=2 with 1 BatchNormalization layer(s) (bn)" in caplog.text

@@ -1,5 +1,5 @@
 """train.early_stopping and checkpoint.keep_best's decisions (runner.executors.early_stopping.Watch), without
-TensorFlow; the runs that stop early and restore the best checkpoint are in tests/e2e/test_checkpoints.py."""
+TensorFlow; the runs that stop early and restore the best checkpoint are in tests/e2e/test_recipes.py."""
 
 import json
 import math
@@ -56,13 +56,26 @@ def test_the_state_outlives_the_process_for_a_resume_and_a_new_monitor_starts_af
     first = Watch(monitor="eval/loss", patience=3, state_dir=str(tmp_path))
     first.update({"eval/loss": 1.0}, 8)
     first.update({"eval/loss": 1.5}, 16)
+    first.save()  # after_epoch saves once the best checkpoint is written
     again = Watch(monitor="eval/loss", patience=3, state_dir=str(tmp_path))
     assert (again.best, again.best_step, again.since) == (1.0, 8, 1)
     other = Watch(monitor="eval/accuracy", patience=3, state_dir=str(tmp_path))
     assert other.best is None
     quiet = Watch(monitor="eval/loss", state_dir=str(tmp_path / "w1"), writes=False)  # a worker that is not the chief
     quiet.update({"eval/loss": 1.0}, 1)
+    quiet.save()
     assert not (tmp_path / "w1").exists()
+
+
+def test_a_step_evaluated_again_replaces_its_earlier_evaluation():
+    """A recovery or a resume goes back before an epoch end it had evaluated: that epoch counts once."""
+    watch = Watch(monitor="eval/loss", patience=2)
+    for step, value in [(10, 0.9), (20, 0.8), (30, 0.85)]:
+        watch.update({"eval/loss": value}, step)
+    assert watch.since == 1
+    assert watch.update({"eval/loss": 0.95}, 20) == (False, False)  # back to 15, then 20 again: 10 is the best now
+    assert watch.evaluations == [(10, 0.9), (20, 0.95)] and (watch.best_step, watch.since) == (10, 1)
+    assert watch.update({"eval/loss": 0.5}, 30) == (True, False)
 
 
 def test_a_damaged_state_file_is_a_warning_and_a_fresh_count(tmp_path, caplog):
@@ -70,6 +83,7 @@ def test_a_damaged_state_file_is_a_warning_and_a_fresh_count(tmp_path, caplog):
     watch = Watch(monitor="eval/loss", patience=1, state_dir=str(tmp_path))
     assert watch.best is None and "could not be read" in caplog.text
     watch.update({"eval/loss": 3.0}, 1)
+    watch.save()
     assert json.loads((tmp_path / "best.json").read_text())["best"] == 3.0
 
 

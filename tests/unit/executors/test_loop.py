@@ -148,8 +148,16 @@ def test_early_stopping_ends_training_at_the_epoch_it_decides_and_restores_the_b
 
 
 class Restorable(Checkpoints):
+    def __init__(self, nan_weights_at_check=None):
+        super().__init__()
+        self.checks, self.nan_at = 0, nan_weights_at_check
+
     def restore(self):
         return self.last_step or 0
+
+    def weights_finite(self):  # checked before a save, with recovery on
+        self.checks += 1
+        return self.checks != self.nan_at
 
 
 def test_a_blown_up_loss_goes_back_to_the_last_checkpoint_and_trains_on():
@@ -162,6 +170,14 @@ def test_a_blown_up_loss_goes_back_to_the_last_checkpoint_and_trains_on():
     assert recoveries == [(25, 1.0), (25, 2.0)]  # twice from step 20: a NaN, then a loss above the bound
     assert checkpoints.saved == [10, 20, 30] and result.steps == 30 and trainer.calls == [5] * 8
     assert all(math.isfinite(v["loss"]) for _, v in job.reporter.logged if "loss" in v)  # no blown-up point logged
+
+
+def test_weights_made_nan_by_a_finite_loss_are_caught_before_the_checkpoint_and_recovered():
+    checkpoints = Restorable(nan_weights_at_check=2)  # the update of step 20 (loss finite) made the weights NaN
+    job = make_job(epochs=3, checkpoints=checkpoints, max_recoveries=1)
+    result = loop.run(job, FakeTrainer(steps_per_call=10))
+    assert checkpoints.saved == [10, 20, 30] and result.steps == 30  # 20 saved only after it was trained again
+    assert [step for step, v in job.reporter.logged if "train/recoveries" in v] == [20]
 
 
 @pytest.mark.parametrize(
