@@ -2,8 +2,9 @@
 `run_ps_loop`). Each option registers its schema and capabilities here, once; its YAML is conf/executor/<name>.yaml.
 A new executor is a module in runner.executors with a `run_<name>(job) -> Result`, an option here and a YAML."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -26,7 +27,13 @@ class ExecutorConfig:
     verbose: str = choice(Verbose, "auto")
 
 
-@option("executor", "fit", schema=ExecutorConfig, help="Model.fit + evaluate")
+@dataclass
+class FitConfig(ExecutorConfig):
+    # your own tf_keras callbacks, each `{_target_: module.Class, <its arguments>}`, after the runner's own
+    callbacks: list[Any] = field(default_factory=list)
+
+
+@option("executor", "fit", schema=FitConfig, help="Model.fit + evaluate")
 def _fit(cfg):
     from runner.executors.fit import run_fit
 
@@ -53,3 +60,34 @@ def _custom_loop_run(job):
 def build_executor(cfg):
     """The function that runs `executor=<name>` on a Job; an unknown name is a ConfigError listing the valid ones."""
     return get("executor", cfg.name).build(cfg)
+
+
+def build_callbacks(specs) -> list:
+    """executor.callbacks, instantiated (Hydra's instantiate); each must be a tf_keras callback, else a ConfigError
+    naming its key. After TensorFlow's import (a callback's module imports tf_keras), before the first step."""
+    import tf_keras
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from runner.errors import ConfigError
+
+    made = []
+    for i, spec in enumerate(specs or []):
+        target = spec.get("_target_") if hasattr(spec, "get") else None
+        key = f"executor.callbacks[{i}]"
+        if not target:
+            raise ConfigError(f"{key}={spec} has no _target_: give each callback as {{_target_: module.Class, ...}}.")
+        try:
+            callback = instantiate(spec)
+        except InstantiationException as err:
+            said = str(err).strip().splitlines()[0]
+            raise ConfigError(
+                f"{key}._target_={target} could not be made ({said}). Check the dotted path and its arguments."
+            ) from None
+        if not isinstance(callback, tf_keras.callbacks.Callback):
+            raise ConfigError(
+                f"{key}._target_={target} returned {type(callback).__name__}, not a tf_keras.callbacks.Callback: "
+                "subclass tf_keras.callbacks.Callback (the runner trains with tf_keras, Keras 2)."
+            )
+        made.append(callback)
+    return made

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow  # end to end: each test trains through `python -m
 EXPERIMENT = "inputs"
 MIRRORED2 = ["strategy=mirrored", "devices.logical_cpus=2"]
 USER = ROOT / "tests" / "user_project"
+CALLBACK_LOG = "branchy-epochs.jsonl"  # written by the user's callback, relative to the runs' working directory
 USER_DATA = [
     "data=function",
     "data.shuffle=false",
@@ -81,7 +82,8 @@ CASES = {
         "data.num_classes=2",
         "executor=custom_loop",
     ],
-    # a user layer with Python `if` on a tensor: the runner's steps must leave AutoGraph on for user code
+    # a user layer with Python `if` on a tensor: the runner's steps must leave AutoGraph on for user code (and fit
+    # runs a user's own Keras callback, tests/user_project/my_callbacks.py, beside the runner's)
     **{
         f"user-branchy-{executor}": [
             *MIRRORED2,
@@ -89,6 +91,7 @@ CASES = {
             "model=branchy",
             f"executor={executor}",
             f"hydra.searchpath=[file://{USER / 'conf'}]",
+            *([f"executor.callbacks=[{{_target_:my_callbacks.EpochLog,path:{CALLBACK_LOG}}}]"] if executor == "fit" else []),
         ]
         for executor in ("fit", "custom_loop")
     },
@@ -135,6 +138,16 @@ def test_guide_example_runs_uneven_batches_on_four_replicas(results, runner):
             ]
         )
         np.testing.assert_allclose(shards, np.broadcast_to(shards[0], shards.shape), rtol=1e-5)
+
+
+def test_a_users_keras_callback_runs_beside_the_runners_own(results, runner):
+    import json
+
+    lines = (runner.root / CALLBACK_LOG).read_text().splitlines()
+    epochs = [json.loads(line) for line in lines]
+    assert [e["epoch"] for e in epochs] == [0, 1] and all(e["loss"] > 0 for e in epochs)  # FAST: 2 epochs
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "user-branchy-fit")
+    assert run.data.params["executor.callbacks"].startswith("[{'_target_': 'my_callbacks.EpochLog'")
 
 
 def test_digits_cnn_learns(results, runner):

@@ -1,0 +1,43 @@
+"""executor=fit's executor.callbacks (runner.builders.executor.build_callbacks): a user's own tf_keras callbacks,
+each refused by its key when it cannot be made or is not a callback. The one that runs is end to end
+(tests/e2e/test_inputs.py::test_a_users_keras_callback_runs_beside_the_runners_own)."""
+
+import os
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner.errors import ConfigError
+
+from helpers import ROOT
+
+USER = str(ROOT / "tests" / "user_project")
+
+
+@pytest.fixture
+def user_project():
+    sys.path.insert(0, USER)
+    yield
+    sys.path.remove(USER)
+
+
+@pytest.mark.slow  # imports TensorFlow (tf_keras)
+@pytest.mark.parametrize(
+    "spec, said",
+    [
+        ({"_target_": "my_callbacks.Missing"}, "executor.callbacks[1]._target_=my_callbacks.Missing could not be made"),
+        ({"_target_": "my_callbacks.NotACallback"}, "returned NotACallback, not a tf_keras.callbacks.Callback"),
+        ({"_target_": "my_callbacks.EpochLog"}, "executor.callbacks[1]._target_=my_callbacks.EpochLog could not be made"),
+        ({"path": "x"}, "executor.callbacks[1]={'path': 'x'} has no _target_"),
+    ],
+)
+def test_a_callback_that_cannot_be_made_or_is_not_one_is_named_by_its_key(user_project, spec, said):
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    from runner.builders.executor import build_callbacks
+
+    good = {"_target_": "my_callbacks.EpochLog", "path": "epochs.jsonl"}
+    assert type(build_callbacks(OmegaConf.create([good]))[0]).__name__ == "EpochLog"
+    with pytest.raises(ConfigError) as err:
+        build_callbacks(OmegaConf.create([good, spec]))
+    assert said in str(err.value) and "\n" not in str(err.value)
