@@ -300,7 +300,7 @@ def run_fit(job: Job) -> Result:
         results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
         return {f"eval/{k}": float(v) for k, v in results.items()}
 
-    from runner.builders.executor import build_callbacks
+    from runner.executors.user_callbacks import build_callbacks
 
     own = build_callbacks(job.executor.get("callbacks"))  # checked before the first step
     started = time.perf_counter()

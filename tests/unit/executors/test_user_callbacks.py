@@ -1,4 +1,4 @@
-"""executor=fit's executor.callbacks (runner.builders.executor.build_callbacks): a user's own tf_keras callbacks,
+"""executor=fit's executor.callbacks (runner.executors.user_callbacks.build_callbacks): a user's own tf_keras callbacks,
 each refused by its key when it cannot be made or is not a callback. The one that runs is end to end
 (tests/e2e/test_inputs.py::test_a_users_keras_callback_runs_beside_the_runners_own)."""
 
@@ -34,7 +34,7 @@ def user_project():
 )
 def test_a_callback_that_cannot_be_made_or_is_not_one_is_named_by_its_key(user_project, spec, said):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    from runner.builders.executor import build_callbacks
+    from runner.executors.user_callbacks import build_callbacks
 
     good = {"_target_": "my_callbacks.EpochLog", "path": "epochs.jsonl"}
     assert type(build_callbacks(OmegaConf.create([good]))[0]).__name__ == "EpochLog"
