@@ -173,6 +173,18 @@ def accumulation_divides_the_batch(cfg):
 
 
 @check
+def accumulation_fits_the_strategy(cfg):
+    k = cfg.train.accumulation_steps
+    if isinstance(k, int) and k > 1 and cfg.executor.name == "fit" and cfg.strategy.name == "central_storage":
+        raise ConfigError(
+            f"train.accumulation_steps={k} with executor=fit is not supported under strategy=central_storage: "
+            "Model.fit's loss and metrics are updated inside the micro-batch loop, and CentralStorageStrategy's "
+            "variables need a cross-replica sync there that TensorFlow refuses inside a loop (RuntimeError: merge_call "
+            "called while defining a new graph). Use executor=custom_loop, or strategy=mirrored."
+        )
+
+
+@check
 def best_checkpoint(cfg):
     ckpt = cfg.checkpoint
     if ckpt.restore_best and not ckpt.keep_best:

@@ -535,3 +535,13 @@ def test_recovery_settings_that_cannot_work_are_refused_naming_them(overrides, s
         check_config(composed(*overrides))
     assert said in str(err.value) and "\n" not in str(err.value)
     check_config(composed("executor=custom_loop", "train.recovery.max_recoveries=2", "train.recovery.loss_upper_bound=50"))
+
+
+def test_accumulation_with_fit_under_central_storage_is_refused_and_the_custom_loop_is_not():
+    from runner.config.validate import check_config
+
+    base = ("strategy=central_storage", "devices.logical_cpus=2", "train.accumulation_steps=2")
+    with pytest.raises(ConfigError, match=r"train.accumulation_steps=2 with executor=fit is not supported under "):
+        check_config(composed(*base, "executor=fit"))
+    check_config(composed(*base, "executor=custom_loop"))
+    check_config(composed("strategy=central_storage", "devices.logical_cpus=2", "executor=fit"))
