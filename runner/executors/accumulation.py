@@ -67,7 +67,7 @@ def warn_batch_norm(model, k: int) -> None:
         return
     import logging
 
-    found = [layer.name for layer in _layers(model) if "BatchNormalization" in type(layer).__name__]
+    found = [layer.name for layer in model.submodules if "BatchNormalization" in type(layer).__name__]
     if found:
         logging.getLogger("runner").warning(
             "train.accumulation_steps=%d with %d BatchNormalization layer(s) (%s): each micro-batch is normalised with "
@@ -76,9 +76,3 @@ def warn_batch_norm(model, k: int) -> None:
             len(found),
             ", ".join(found[:3]) + (", ..." if len(found) > 3 else ""),
         )
-
-
-def _layers(model):
-    for layer in getattr(model, "layers", []):
-        yield layer
-        yield from _layers(layer)
