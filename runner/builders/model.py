@@ -111,6 +111,11 @@ def check_activation_memory(model, cfg, global_batch_size, accumulation_steps: i
     )
 
 
+def _is_keras3(obj) -> bool:
+    """A Keras 3 object, told by its classes' module (without importing keras: tf_keras's own live in tf_keras.*)."""
+    return any(c.__module__ == "keras" or c.__module__.startswith("keras.") for c in type(obj).__mro__)
+
+
 def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulation_steps: int = 1):
     """The model `cfg` names, built for the data; refused (ConfigError) when it cannot be, or when one step of
     `global_batch_size` clearly does not fit in memory (not checked without it: a model built for evaluation)."""
@@ -141,6 +146,14 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
         raise ConfigError(f"model._target_={target!r} does not accept the model config {sorted(kwargs)}: {err}") from None
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if not isinstance(model, tf_keras.Model) and _is_keras3(model):
+        raise ConfigError(
+            f"model._target_={target!r} returned a Keras 3 model ({type(model).__module__}.{type(model).__name__}: "
+            "`import keras`, TensorFlow 2.21's default Keras). The runner trains tf_keras models: under tf.distribute "
+            "Keras 3's fit fails on uneven replica batches and on MultiWorkerMirroredStrategy, and it has no "
+            "ParameterServerStrategy. Build the same model with `import tf_keras as keras` (the same layers and API), "
+            "or with tf.keras (tf_keras in the runner's process); nothing was trained."
+        )
     if not isinstance(model, tf_keras.Model):
         raise ConfigError(
             f"model._target_={target!r} returned {type(model).__name__}, not a tf_keras model. "

@@ -209,6 +209,7 @@ ELSEWHERE = {
     "keras-app-weights-missing": "tests/unit/test_models.py::test_weights_path_that_does_not_exist_is_refused_by_preflight",
     "keras-app-unknown-application": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
     "keras-app-input-too-small": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
+    "model-target-keras3": "tests/unit/builders/test_model.py::test_a_keras3_model_is_refused_with_the_tf_keras_way_out",
 }
 # Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.
 SLOW = {k for k, r in ROWS.items() if r.run or k.startswith("tpu-")}

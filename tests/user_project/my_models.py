@@ -36,3 +36,11 @@ class TinyNet(tf_keras.Model):
 
     def call(self, x):
         return self.logits(self.hidden(x))
+
+
+def keras3_mlp(input_shape, num_outputs, hidden_units=(8,), activation="relu"):
+    """model=mlp's MLP written the way TensorFlow 2.21's tutorials write it, with Keras 3 (refused, with the way out)."""
+    import keras
+
+    hidden = [keras.layers.Dense(units, activation=activation) for units in hidden_units]
+    return keras.Sequential([keras.Input(input_shape), *hidden, keras.layers.Dense(num_outputs)])

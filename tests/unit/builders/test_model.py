@@ -179,3 +179,14 @@ def test_each_case_is_one_paragraph_through_the_cli(runner, tmp_path):
         else:
             _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
             assert run.info.status == status and needle in run.data.tags["error"]
+
+
+@pytest.mark.slow  # imports TensorFlow and Keras 3 in process
+def test_a_keras3_model_is_refused_with_the_tf_keras_way_out(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "user_project"))
+    with pytest.raises(ConfigError) as err:
+        _build("model._target_=my_models.keras3_mlp")
+    message = str(err.value)
+    assert message.startswith("model._target_='my_models.keras3_mlp' returned a Keras 3 model (keras."), message
+    assert "import tf_keras as keras" in message and "nothing was trained" in message, message
+    assert "\n" not in message
