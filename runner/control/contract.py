@@ -9,12 +9,15 @@ environment only, never on the command line, where `ps` shows it to everyone:
 - `RUNNER_LAUNCH_ID` (launcher -> every task): marks the processes of one launch (tests look for leftovers).
 - `RUNNER_TASK_ROLE` (launcher, read back by it): trainer, server or evaluator (runner.config.layout).
 - `RUNNER_PARENT_RUN_ID` (sweep -> job: tracking): nest the job's run under the sweep's run.
+- `RUNNER_PARENT_RUN_FILE` (sweep -> job: its MLflow process): the sweep's parent run id, once created; beside it the
+  sweep's request for that run, so that the first job's MLflow process (mlflow loaded already) creates it.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
 - `MLFLOW_TRACKING_URI` (launcher, sweep, tracking, stopping -> children, the MLflow process, the watchdog): the
   store, which may hold credentials.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +28,7 @@ ATTACH_RUN = "RUNNER_MLFLOW_RUN_ID"
 LAUNCH_ID = "RUNNER_LAUNCH_ID"
 TASK_ROLE = "RUNNER_TASK_ROLE"
 PARENT_RUN = "RUNNER_PARENT_RUN_ID"
+PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
 TRACKING_URI = "MLFLOW_TRACKING_URI"
@@ -43,3 +47,37 @@ def runner_command(overrides: list[str]) -> list[str]:
 def start_child(argv: list[str], env: dict[str, str], **popen_kwargs) -> subprocess.Popen:
     """A child (a runner_command) that dies with this process's thread (procs.popen), output piped as text lines."""
     return procs.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen_kwargs)
+
+
+def request_parent_run(path: str, experiment_name: str, run_name: str, tags: dict) -> None:
+    """What the sweep's parent run is to be, for the process that creates it first (store.sweep_parent), recorded as
+    this process's; an earlier sweep's run id in `path` (this directory, no live sweep owning it) is dropped."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):
+        os.remove(path)
+    request = {"experiment_name": experiment_name, "run_name": run_name, "tags": tags, "owner": procs.identity()}
+    _write_whole(parent_request(path), request)
+
+
+def parent_request(path: str) -> str:
+    return path + ".request"
+
+
+def announce_parent_run(path: str, run_id: str) -> None:
+    """The sweep's parent run exists: its id, for the jobs after the one that created it. Written whole, once."""
+    _write_whole(path, {"run_id": run_id})
+
+
+def parent_run(path: str) -> str | None:
+    """The sweep's parent run id, once one process has created it (None: not yet)."""
+    try:
+        with open(path) as f:
+            return json.load(f)["run_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _write_whole(path: str, value: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)

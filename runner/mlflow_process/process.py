@@ -94,10 +94,16 @@ class Calls:
         job: str | None,
         tags: dict,
         system_metrics_every_sec: float | None = None,
+        parent_file: str | None = None,
     ) -> dict:
         """Continue, attach to, or create the run; a new one gets the config as params and artifacts. The run's owner
-        (not an attached task) samples system metrics every `system_metrics_every_sec` (None: not)."""
+        (not an attached task) samples system metrics every `system_metrics_every_sec` (None: not). A sweep's job
+        names its parent run, or the file that holds it once created (`parent_file`: the first job creates it)."""
         try:
+            if parent is None and parent_file and not (attached or resumed):
+                from runner.mlflow_process import store
+
+                parent = store.sweep_parent(self.client, self.uri, parent_file)
             started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
             if system_metrics_every_sec and not attached:
                 self.start_system_metrics(started["run_id"], system_metrics_every_sec, bool(resumed))

@@ -11,12 +11,13 @@ damaged one or an unknown URI is a ConfigError, and runs left RUNNING by a proce
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import threading
 
 from runner.config.redact import redact, redact_uri
-from runner.control import procs
+from runner.control import contract, procs
 from runner.errors import ConfigError
 from runner.preflight.sqlite_store import check_sqlite, damaged, sqlite_path
 
@@ -174,12 +175,12 @@ def take_over(client, run, epochs: int, output_dir: str, me: int | None = None, 
         )
 
 
-def started(client, run, epochs: int | None = None, owner: int | None = None) -> None:
-    """Process `owner` (default this one) owns `run` now: record it, and fail the runs of its experiment left
-    RUNNING by dead processes."""
+def started(client, run, epochs: int | None = None, owner: int | None = None, identity: dict | None = None) -> None:
+    """Process `owner` (default this one; or the process recorded as `identity`, procs.identity's, taken on another
+    host) owns `run` now: record it, and fail the runs of its experiment left RUNNING by dead processes."""
     from mlflow.entities import RunTag
 
-    me = procs.identity(owner)
+    me = identity or procs.identity(owner)
     tags = [RunTag(tag, me[key]) for key, tag in OWNER_TAGS.items()] + ([RunTag(EPOCHS_TAG, str(epochs))] if epochs else [])
     client.log_batch(run.info.run_id, tags=tags)
     # Housekeeping off the critical path (a search over the experiment's runs): in the background.
@@ -190,3 +191,25 @@ def started(client, run, epochs: int | None = None, owner: int | None = None) ->
         args=(client, run.info.experiment_id, f"run {run.info.run_name} ({run.info.run_id}), pid {me['pid']}"),
         kwargs={"keep": run.info.run_id},
     ).start()
+
+
+def sweep_parent(client, uri: str, parent_file: str) -> str:
+    """The id of a sweep's MLflow parent run, created by whichever process needs it first (the first job's MLflow
+    process, which has mlflow loaded anyway; the sweep's own for a job that failed before its run, or for the
+    report) from the request the sweep wrote (contract.request_parent_run), under a lock for parallel launchers. The
+    run is recorded as the sweep process's: left RUNNING if the sweep dies, the next run marks it FAILED."""
+    import mlflow
+
+    with _locked(parent_file):
+        if os.path.exists(parent_file):
+            return contract.parent_run(parent_file)
+        with open(contract.parent_request(parent_file)) as f:
+            request = json.load(f)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # "Experiment with name ... Creating a new experiment."
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.set_experiment(request["experiment_name"])
+        run = client.create_run(experiment.experiment_id, run_name=request["run_name"], tags=request["tags"])
+        started(client, run, identity=request["owner"])
+        contract.announce_parent_run(parent_file, run.info.run_id)
+    log.info("MLflow parent run %s (%s) for the sweep", run.info.run_name, run.info.run_id)
+    return run.info.run_id

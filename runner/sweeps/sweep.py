@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -34,6 +35,7 @@ HYDRA_LAUNCHER_LOGS = (
 )
 OPTUNA_SWEEPER_LOG = "hydra_plugins.hydra_optuna_sweeper._impl"
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
+PARENT_FILE = "parent-run.json"  # in STATE_DIR: the parent run's id once it exists (contract.announce_parent_run)
 
 
 class _NoPerJobLine(logging.Filter):
@@ -63,6 +65,40 @@ class _NoStudyNoise(logging.Filter):
 def _state(sweep_dir: str, name: str) -> str:
     os.makedirs(os.path.join(sweep_dir, STATE_DIR), exist_ok=True)
     return os.path.join(sweep_dir, STATE_DIR, name)
+
+
+def parent_run_id() -> str | None:
+    """The sweep's MLflow parent run id, once a job (or this process) has created it; None before."""
+    path = os.environ.get(contract.PARENT_RUN_FILE)
+    return contract.parent_run(path) if path else os.environ.get(contract.PARENT_RUN)
+
+
+def _ensure_parent(uri: str) -> str | None:
+    """The parent run, created here when no job has yet (a job that failed before its run, a sweep of no job)."""
+    from runner.mlflow_process import store
+
+    path = os.environ.get(contract.PARENT_RUN_FILE)
+    if not path:
+        return os.environ.get(contract.PARENT_RUN)
+    try:
+        return store.sweep_parent(store.open_client(uri), uri, path)
+    except ConfigError as err:  # the store: no job can log into it either, so the sweep ends here
+        print(f"Error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+
+
+def _warm_mlflow() -> None:
+    """mlflow's import for the report, at the lowest priority while the jobs train (Linux: a thread's own niceness);
+    the store is opened later, not here: its lock would keep a job's MLflow process waiting on this thread."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+    try:
+        import mlflow  # noqa: F401
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    except Exception as err:  # imported again where needed, which then says what is wrong
+        log.debug("mlflow's import in the background failed: %s", err)
 
 
 def count_jobs(hydra_cfg) -> int | None:
@@ -107,7 +143,7 @@ def run_sweep_job(cfg: DictConfig) -> float:
     if not secondary:
         log.info("job #%d (%d of %s): %s", num, num + 1, total, redact(" ".join(hc.overrides.task)) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
-    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN, when there is one
+    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN_FILE, from the sweep
     # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
     # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
     # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
@@ -124,13 +160,13 @@ def run_sweep_job(cfg: DictConfig) -> float:
             argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
             code, tail = _run_child(argv, env, label, own_group)
         except SweepStopped as stop:
-            _stopped(cfg, stop, label, env.get(contract.PARENT_RUN))
+            _stopped(cfg, stop, label)
     if secondary:
         return math.nan  # Hydra's submitit launcher returns task 0's value
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
     if code:
         status["error"] = "".join(tail)
-        _record_failed_start(cfg, job_dir, env.get(contract.PARENT_RUN), num, overrides, status["error"])
+        _record_failed_start(cfg, job_dir, num, overrides, status["error"])
         log.error("job %s failed (exit code %d); the sweep goes on", label, code)
     objective = None if code else _objective(cfg.sweep.objective, job_dir, label)
     status["objective"] = objective
@@ -183,7 +219,7 @@ def _run_child(overrides: list[str], env: dict, label: str, own_group: bool = Fa
 
 def kill_parent_run(signum: int) -> None:
     """The sweep's MLflow parent run (this process's, when it opened one) KILLED by `signum`."""
-    parent_id, uri = os.environ.get(contract.PARENT_RUN), os.environ.get(contract.TRACKING_URI)
+    parent_id, uri = parent_run_id(), os.environ.get(contract.TRACKING_URI)
     if not parent_id or not uri:
         return
     try:
@@ -196,7 +232,7 @@ def kill_parent_run(signum: int) -> None:
         log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
 
 
-def _stopped(cfg, stop: SweepStopped, label: str, parent_id: str | None):
+def _stopped(cfg, stop: SweepStopped, label: str):
     """The sweep stopped during job `label`: its parent run KILLED, one paragraph, exit 130 / 143."""
     name = signal.Signals(stop.signum).name
     kill_parent_run(stop.signum)
@@ -235,9 +271,12 @@ def cfg_uri(cfg) -> str:
     return uri
 
 
-def _record_failed_start(cfg, job_dir, parent_id, num, overrides, error) -> None:
+def _record_failed_start(cfg, job_dir, num, overrides, error) -> None:
     """A job that failed before its child run existed (a config error) still gets a FAILED child run."""
-    if os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE)) or not parent_id:
+    if os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE)):
+        return
+    parent_id = _ensure_parent(cfg_uri(cfg))
+    if not parent_id:
         return
     from mlflow import MlflowClient
     from mlflow.entities import Param
@@ -267,10 +306,6 @@ class SweepCallback(Callback):
     """Opens the parent run before the jobs, and closes it with the report after them."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        import mlflow
-
-        from runner.mlflow_process import store
-
         for signum in (signal.SIGINT, signal.SIGTERM):  # a scheduler's notice stops the running job as Ctrl-C does
             signal.signal(signum, _on_stop_signal)
         hc = config.hydra
@@ -292,32 +327,30 @@ class SweepCallback(Callback):
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later
         uri = cfg_uri(config)
-        try:
-            client = store.open_client(uri)  # a fresh SQLite store created once, under a lock
-        except ConfigError as err:  # Hydra turns a callback's exception into a warning and runs the jobs anyway
-            print(f"Error: {err}", file=sys.stderr)
-            sys.exit(err.exit_code)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)  # "Experiment with name ... Creating a new experiment."
-        mlflow.set_tracking_uri(uri)
-        experiment = mlflow.set_experiment(config.mlflow.experiment_name)
-        run = client.create_run(
-            experiment.experiment_id,
-            run_name=redact(config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}"),  # ${oc.env:...} in it: masked
-            tags={
+        os.environ[contract.TRACKING_URI] = uri  # the jobs get it anyway; kill_parent_run reads it here
+        # The parent run is created by the first job's MLflow process, which imports mlflow anyway (here, mlflow's
+        # import and the store took seconds of CPU from that job): it reads this request, and writes the run's id.
+        announced = _state(sweep_dir, PARENT_FILE)
+        contract.request_parent_run(
+            announced,
+            config.mlflow.experiment_name,
+            redact(config.mlflow.run_name or f"sweep-{os.path.basename(sweep_dir)}"),  # ${oc.env:...} in it: masked
+            {
                 "sweep.overrides": redact(" ".join(hc.overrides.task)),
                 "sweep.jobs": label,
                 "sweep.dir": os.path.abspath(sweep_dir),
             },
         )
-        store.started(client, run)  # owned by this process: left RUNNING if it dies, the next run marks it FAILED
-        os.environ[contract.PARENT_RUN] = run.info.run_id  # each job's environment, so its run nests under this one
-        os.environ[contract.TRACKING_URI] = uri  # the jobs get it anyway; kill_parent_run reads it here
-        log.info("sweep of %s jobs into %s; MLflow parent run %s (%s)", label, sweep_dir, run.info.run_name, run.info.run_id)
+        os.environ[contract.PARENT_RUN_FILE] = announced
+        os.environ.pop(contract.PARENT_RUN, None)
+        log.info("sweep of %s jobs into %s", label, sweep_dir)
+        threading.Thread(target=_warm_mlflow, name="sweep-mlflow-import", daemon=True).start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.sweeps.report import write_report
 
-        sweep_dir, parent = config.hydra.sweep.dir, os.environ.get(contract.PARENT_RUN)
+        sweep_dir = config.hydra.sweep.dir
+        parent = parent_run_id() or _ensure_parent(cfg_uri(config))  # none yet: no job logged a run
         if not parent:
             return
         direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it

@@ -243,6 +243,7 @@ def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
         attached=attached,
         resumed=None if attached else _saved_run_id(cfg.output_dir),
         parent=os.environ.get(contract.PARENT_RUN),
+        parent_file=os.environ.get(contract.PARENT_RUN_FILE),  # a sweep's job: its parent run, once the sweep has it
         job=os.environ.get(contract.SWEEP_JOB),
         tags=tags,
         system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,
