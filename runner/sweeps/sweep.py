@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.config import layout
-from runner.config.redact import redact, redact_mapping
+from runner.config.redact import redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
@@ -85,6 +85,15 @@ def _ensure_parent(uri: str) -> str | None:
     except ConfigError as err:  # the store: no job can log into it either, so the sweep ends here
         print(f"Error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except Exception as err:  # a server that is down, a store that refuses the run: the same for every job
+        reason = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
+        print(
+            f"Error: the sweep's MLflow parent run could not be created at {redact_uri(uri)} ({reason}), so no job can "
+            "log into it and the sweep stops here. Start the server or point MLFLOW_TRACKING_URI / mlflow.tracking_uri "
+            "at one that is up, or unset both to log to the local sqlite:///mlflow.db.",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def _warm_mlflow() -> None:
