@@ -36,6 +36,13 @@ def redact(text: str) -> str:
     return text
 
 
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """An exception said in one redacted line (its first; its type's name when it says nothing), at most `limit`
+    characters: what a one-paragraph error quotes of a library's message."""
+    text = str(err).strip()
+    return redact(text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
 def redact_mapping(items: dict[str, str]) -> dict[str, str]:
     """Params or tags: a secret-looking key gets its value masked; every other value is redacted."""
     return {k: MASK if is_secret_name(k.rsplit(".", 1)[-1]) else redact(v) for k, v in items.items()}

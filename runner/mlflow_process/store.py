@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 
-from runner.config.redact import redact, redact_uri
+from runner.config.redact import error_line, redact_uri
 from runner.control import contract, procs
 from runner.errors import ConfigError
 from runner.preflight.sqlite_store import check_sqlite, damaged, sqlite_path
@@ -52,9 +52,7 @@ def open_client(uri: str):
         except ConfigError:
             raise
         except Exception as err:  # MlflowException, sqlalchemy errors, a half-migrated store
-            raise damaged(
-                path, redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
-            ) from None
+            raise damaged(path, error_line(err)) from None
     return client
 
 

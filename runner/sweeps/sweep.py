@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.config import layout
-from runner.config.redact import redact, redact_mapping, redact_uri
+from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
@@ -86,7 +86,7 @@ def _ensure_parent(uri: str) -> str | None:
         print(f"Error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except Exception as err:  # a server that is down, a store that refuses the run: the same for every job
-        reason = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
+        reason = error_line(err)
         print(
             f"Error: the sweep's MLflow parent run could not be created at {redact_uri(uri)} ({reason}), so no job can "
             "log into it and the sweep stops here. Start the server or point MLFLOW_TRACKING_URI / mlflow.tracking_uri "

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from runner.config.redact import redact, redact_mapping, redact_uri
+from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.errors import RunnerError
 from runner.tracking import journal, outbox
 
@@ -150,7 +150,7 @@ class RunLog:
             return True
 
     def _note_outage(self, err: Exception) -> None:
-        why = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)[:300]
+        why = error_line(err)
         if self._outage is None:
             log.warning(
                 "MLflow at %s cannot take metrics now (%s); training goes on, %d value(s) kept here and retried every %gs",
