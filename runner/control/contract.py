@@ -8,9 +8,9 @@ environment only, never on the command line, where `ps` shows it to everyone:
 - `RUNNER_MLFLOW_RUN_ID` (launcher -> task: tracking, app, evaluator): log into this run; the launcher ends it.
 - `RUNNER_LAUNCH_ID` (launcher -> every task): marks the processes of one launch (tests look for leftovers).
 - `RUNNER_TASK_ROLE` (launcher, read back by it): trainer, server or evaluator (runner.config.layout).
-- `RUNNER_PARENT_RUN_ID` (sweep -> job: tracking): nest the job's run under the sweep's run.
-- `RUNNER_PARENT_RUN_FILE` (sweep -> job: its MLflow process): the sweep's parent run id, once created; beside it the
-  sweep's request for that run, so that the first job's MLflow process (mlflow loaded already) creates it.
+- `RUNNER_PARENT_RUN_FILE` (sweep -> job: its MLflow process): nest the job's run under the sweep's run, whose id
+  this file holds once created; beside it the sweep's request for that run, so that the first job's MLflow process
+  (mlflow loaded already) creates it.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
 - `MLFLOW_TRACKING_URI` (launcher, sweep, tracking, stopping -> children, the MLflow process, the watchdog): the
@@ -27,7 +27,6 @@ from runner.control import procs
 ATTACH_RUN = "RUNNER_MLFLOW_RUN_ID"
 LAUNCH_ID = "RUNNER_LAUNCH_ID"
 TASK_ROLE = "RUNNER_TASK_ROLE"
-PARENT_RUN = "RUNNER_PARENT_RUN_ID"
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"

@@ -90,17 +90,17 @@ class Calls:
         overrides: list,
         attached: str | None,
         resumed: str | None,
-        parent: str | None,
+        parent_file: str | None,
         job: str | None,
         tags: dict,
         system_metrics_every_sec: float | None = None,
-        parent_file: str | None = None,
     ) -> dict:
         """Continue, attach to, or create the run; a new one gets the config as params and artifacts. The run's owner
         (not an attached task) samples system metrics every `system_metrics_every_sec` (None: not). A sweep's job
-        names its parent run, or the file that holds it once created (`parent_file`: the first job creates it)."""
+        nests under the parent run `parent_file` holds, creating it when no job has yet (store.sweep_parent)."""
         try:
-            if parent is None and parent_file and not (attached or resumed):
+            parent = None
+            if parent_file and not (attached or resumed):
                 from runner.mlflow_process import store
 
                 parent = store.sweep_parent(self.client, self.uri, parent_file)

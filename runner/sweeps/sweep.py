@@ -70,7 +70,7 @@ def _state(sweep_dir: str, name: str) -> str:
 def parent_run_id() -> str | None:
     """The sweep's MLflow parent run id, once a job (or this process) has created it; None before."""
     path = os.environ.get(contract.PARENT_RUN_FILE)
-    return contract.parent_run(path) if path else os.environ.get(contract.PARENT_RUN)
+    return contract.parent_run(path) if path else None
 
 
 def _ensure_parent(uri: str) -> str | None:
@@ -79,7 +79,7 @@ def _ensure_parent(uri: str) -> str | None:
 
     path = os.environ.get(contract.PARENT_RUN_FILE)
     if not path:
-        return os.environ.get(contract.PARENT_RUN)
+        return None
     try:
         return store.sweep_parent(store.open_client(uri), uri, path)
     except ConfigError as err:  # the store: no job can log into it either, so the sweep ends here
@@ -351,7 +351,6 @@ class SweepCallback(Callback):
             },
         )
         os.environ[contract.PARENT_RUN_FILE] = announced
-        os.environ.pop(contract.PARENT_RUN, None)
         log.info("sweep of %s jobs into %s", label, sweep_dir)
         threading.Thread(target=_warm_mlflow, name="sweep-mlflow-import", daemon=True).start()
 

@@ -242,8 +242,7 @@ def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
         overrides=list(overrides),
         attached=attached,
         resumed=None if attached else _saved_run_id(cfg.output_dir),
-        parent=os.environ.get(contract.PARENT_RUN),
-        parent_file=os.environ.get(contract.PARENT_RUN_FILE),  # a sweep's job: its parent run, once the sweep has it
+        parent_file=os.environ.get(contract.PARENT_RUN_FILE),  # a sweep's job: its parent run, created by the first job
         job=os.environ.get(contract.SWEEP_JOB),
         tags=tags,
         system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,

@@ -41,7 +41,7 @@ def test_jobs_started_together_create_one_parent_run_owned_by_the_sweep(tmp_path
     assert len(runs) == 1
 
 
-def test_the_sweep_reads_its_parent_from_the_file_or_the_environment(tmp_path, monkeypatch):
+def test_the_sweep_reads_its_parent_from_the_file_once_created(tmp_path, monkeypatch):
     from runner.sweeps import sweep
 
     path = str(tmp_path / "p.json")
@@ -49,6 +49,5 @@ def test_the_sweep_reads_its_parent_from_the_file_or_the_environment(tmp_path, m
     assert sweep.parent_run_id() is None  # not created yet
     contract.announce_parent_run(path, "r1")
     assert sweep.parent_run_id() == "r1"
-    monkeypatch.delenv(contract.PARENT_RUN_FILE)
-    monkeypatch.setenv(contract.PARENT_RUN, "r2")  # a process given the id itself
-    assert sweep.parent_run_id() == "r2"
+    monkeypatch.delenv(contract.PARENT_RUN_FILE)  # not a sweep's process
+    assert sweep.parent_run_id() is None
