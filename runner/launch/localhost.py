@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from runner.config import layout
 from runner.control import contract, procs, stopping
-from runner.errors import ClusterError
+from runner.errors import ClusterError, ConfigError
 from runner.tracking.run import mlflow_run, where_line
 
 log = logging.getLogger("runner")
@@ -235,6 +235,11 @@ def supervise(tasks: list[Task], cfg) -> None:
                 )
                 t.start(lock)
                 continue
+            if code == ConfigError.exit_code and not t.is_server:  # bad input, refused before training: not a lost task
+                raise ConfigError(
+                    f"task {t.name} refused the configuration (exit code 2; why is said above and in {t.run_dir}/runner.log). "
+                    "The other tasks were stopped. Change the configuration and run again."
+                )
             frozen = [o for o in tasks if o is not t and o.frozen()]
             if frozen:  # a peer that is stopped (SIGSTOP, a debugger) makes the healthy ones give up: name it
                 f = frozen[0]
