@@ -132,6 +132,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
 
     from runner.builders.data.pipeline import build_data
     from runner.builders.executor import build_executor
+    from runner.builders.keras_flavor import check_keras3, keras_of
     from runner.builders.model import build_model, loss_name
     from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
@@ -178,8 +179,12 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     with strategy.scope():
         train = cfg.train
         model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, train.global_batch_size, train.accumulation_steps)
+        check_keras3(model, cfg.model.get("_target_"), strategy, cfg.executor.name, train.mixed_precision)
         warn_batch_norm(model, train.accumulation_steps)
-        optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps)
+        keras = keras_of(model)
+        if keras is not tf_keras:
+            run.set_tags({"keras_version": keras.__version__})
+        optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps, keras)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model
     if saves != cluster.is_chief:  # the MLflow run was started (or not) on layout.is_chief, before the strategy existed

@@ -32,3 +32,19 @@ class WarmupLinear(tf_keras.optimizers.schedules.LearningRateSchedule):
             "decay_steps": self.decay_steps,
             "final_fraction": self.final_fraction,
         }
+
+
+_KERAS3 = {}
+
+
+def keras3_warmup_linear(peak: float, warmup_steps: int, decay_steps: int, final_fraction: float):
+    """The same schedule for a Keras 3 optimizer (a keras.optimizers.schedules.LearningRateSchedule, made at the first
+    call so that keras is imported only for a Keras 3 model; the custom loop saves no optimizer with the model)."""
+    if not _KERAS3:
+        import keras
+
+        class Keras3WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
+            __init__, __call__, get_config = WarmupLinear.__init__, WarmupLinear.__call__, WarmupLinear.get_config
+
+        _KERAS3["class"] = Keras3WarmupLinear
+    return _KERAS3["class"](peak, warmup_steps, decay_steps, final_fraction)

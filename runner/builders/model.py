@@ -1,5 +1,5 @@
-"""model -> an uncompiled tf_keras model from `model._target_`, plus the loss and metrics for it (the optimizer:
-runner.builders.optimizer).
+"""model -> an uncompiled Keras model from `model._target_` (tf_keras, or Keras 3: runner.builders.keras_flavor), plus
+the loss and metrics for it (the optimizer: runner.builders.optimizer).
 
 Call these inside strategy.scope(): variables created there are distributed by the strategy.
 """
@@ -11,6 +11,7 @@ from enum import StrEnum
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
+from runner.builders.keras_flavor import is_keras3
 from runner.errors import ConfigError
 
 
@@ -111,9 +112,10 @@ def check_activation_memory(model, cfg, global_batch_size, accumulation_steps: i
     )
 
 
-def _is_keras3(obj) -> bool:
-    """A Keras 3 object, told by its classes' module (without importing keras: tf_keras's own live in tf_keras.*)."""
-    return any(c.__module__ == "keras" or c.__module__.startswith("keras.") for c in type(obj).__mro__)
+def _keras3_model(obj) -> bool:
+    import keras
+
+    return isinstance(obj, keras.Model)
 
 
 def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulation_steps: int = 1):
@@ -146,18 +148,11 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
         raise ConfigError(f"model._target_={target!r} does not accept the model config {sorted(kwargs)}: {err}") from None
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if not isinstance(model, tf_keras.Model) and _is_keras3(model):
+    if not isinstance(model, tf_keras.Model) and not (is_keras3(model) and _keras3_model(model)):
         raise ConfigError(
-            f"model._target_={target!r} returned a Keras 3 model ({type(model).__module__}.{type(model).__name__}: "
-            "`import keras`, TensorFlow 2.21's default Keras). The runner trains tf_keras models: under tf.distribute "
-            "Keras 3's fit fails on uneven replica batches and on MultiWorkerMirroredStrategy, and it has no "
-            "ParameterServerStrategy. Build the same model with `import tf_keras as keras` (the same layers and API), "
-            "or with tf.keras (tf_keras in the runner's process); nothing was trained."
-        )
-    if not isinstance(model, tf_keras.Model):
-        raise ConfigError(
-            f"model._target_={target!r} returned {type(model).__name__}, not a tf_keras model. "
-            "Return tf_keras.Model (Keras 2; the runner sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras too)."
+            f"model._target_={target!r} returned {type(model).__name__}, not a tf_keras model (nor a Keras 3 one). "
+            "Return tf_keras.Model (Keras 2; the runner sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras too), or "
+            "keras.Model (Keras 3: executor=custom_loop only)."
         )
     if not model.built:  # a subclassed model makes its variables at its first call: make them now, in this scope,
         try:  # so that the optimizer and the checkpoints see them before the first step (not inside it)
@@ -177,16 +172,21 @@ def loss_name(train_cfg, task: str) -> str:
     return "sparse_categorical_crossentropy" if task == "classification" else "mse"
 
 
-def build_loss(name: str, reduction=None):
-    """A Keras loss object; reduction NONE gives per-example losses for the custom loop."""
-    import tf_keras
+PER_EXAMPLE = "none"  # the loss reduction that gives per-example losses (the custom loop's), in both Keras
+
+
+def build_loss(name: str, reduction=None, keras=None):
+    """A loss object of `keras` (the model's Keras, runner.builders.keras_flavor; tf_keras when not given); reduction
+    PER_EXAMPLE gives per-example losses for the custom loop."""
+    if keras is None:
+        import tf_keras as keras
 
     kwargs = {} if reduction is None else {"reduction": reduction}
     if name == "mse":
-        return tf_keras.losses.MeanSquaredError(**kwargs)
+        return keras.losses.MeanSquaredError(**kwargs)
     if name == "binary_crossentropy":
-        return tf_keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
-    return tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+        return keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
 
 
 def build_metrics(name: str):

@@ -1,4 +1,5 @@
-"""train.optimizer -> a tf_keras optimizer, with decoupled weight decay and a learning-rate schedule over the global step.
+"""train.optimizer -> a Keras optimizer (the model's Keras: tf_keras, or Keras 3), with decoupled weight decay and a
+learning-rate schedule over the global step.
 
 The schedule is a function of the optimizer's own step counter (`optimizer.iterations`, which checkpoints restore),
 so a resumed run goes on from the same learning rate (with the same train.epochs, or decay_steps given).
@@ -64,33 +65,36 @@ def scheduled(cfg, total_steps: int):
     return lambda step: learning_rate(cfg, step, total_steps)
 
 
-def _rate(cfg, total_steps: int):
-    """A float, or a schedule: tf_keras' own where one computes `learning_rate` (so that a model.keras saved with its
+def _rate(cfg, total_steps: int, keras):
+    """A float, or a schedule: Keras' own where one computes `learning_rate` (so that a model.keras saved with its
     optimizer loads anywhere), runner.builders.lr_schedule's for a linear decay after a warm-up."""
     schedule = cfg.schedule
     peak, warmup, final = cfg.learning_rate, schedule.warmup_steps, schedule.final_fraction
     if constant(cfg):
         return peak  # as before schedules existed: checkpoints and saved models unchanged
-    import tf_keras
-
     decay = total_decay_steps(cfg, total_steps)
     if schedule.name == Schedule.linear and not warmup:
-        return tf_keras.optimizers.schedules.PolynomialDecay(peak, decay, end_learning_rate=peak * final, power=1.0)
+        return keras.optimizers.schedules.PolynomialDecay(peak, decay, end_learning_rate=peak * final, power=1.0)
     if schedule.name == Schedule.linear:
-        from runner.builders.lr_schedule import WarmupLinear
+        from runner.builders import lr_schedule
 
-        return WarmupLinear(peak, warmup, decay, final)
+        if keras.__name__ == "keras":
+            return lr_schedule.keras3_warmup_linear(peak, warmup, decay, final)
+        return lr_schedule.WarmupLinear(peak, warmup, decay, final)
     # cosine, or constant after a warm-up (a cosine that ends where it starts)
     alpha = 1.0 if schedule.name == Schedule.constant else final
     if not warmup:
-        return tf_keras.optimizers.schedules.CosineDecay(peak, decay, alpha=alpha)
-    return tf_keras.optimizers.schedules.CosineDecay(0.0, decay, alpha=alpha, warmup_target=peak, warmup_steps=warmup)
+        return keras.optimizers.schedules.CosineDecay(peak, decay, alpha=alpha)
+    return keras.optimizers.schedules.CosineDecay(0.0, decay, alpha=alpha, warmup_target=peak, warmup_steps=warmup)
 
 
-def build_optimizer(cfg, mixed_precision: bool = False, total_steps: int = 1):
-    """The optimizer of train.optimizer; `total_steps` (the run's epochs x steps per epoch) sets where a schedule
-    without decay_steps ends."""
+def build_optimizer(cfg, mixed_precision: bool = False, total_steps: int = 1, keras=None):
+    """The optimizer of train.optimizer, of `keras` (the model's Keras module; tf_keras when not given);
+    `total_steps` (the run's epochs x steps per epoch) sets where a schedule without decay_steps ends."""
     import tensorflow as tf
+
+    if keras is None:
+        import tf_keras as keras
 
     def first_replica_rate(next_creator, **kwargs):
         # tf_keras assigns a schedule's current rate in replica context (apply_gradients); without an aggregation,
@@ -101,7 +105,7 @@ def build_optimizer(cfg, mixed_precision: bool = False, total_steps: int = 1):
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(first_replica_rate):
-        optimizer = _optimizer(cfg, total_steps)
+        optimizer = _optimizer(cfg, total_steps, keras)
     if mixed_precision:  # float16 gradients underflow without loss scaling
         import tf_keras
 
@@ -109,11 +113,9 @@ def build_optimizer(cfg, mixed_precision: bool = False, total_steps: int = 1):
     return optimizer
 
 
-def _optimizer(cfg, total_steps: int):
-    import tf_keras
-
-    opt = tf_keras.optimizers
-    kwargs = {"learning_rate": _rate(cfg, total_steps)}
+def _optimizer(cfg, total_steps: int, keras):
+    opt = keras.optimizers
+    kwargs = {"learning_rate": _rate(cfg, total_steps, keras)}
     if cfg.clipnorm is not None:
         kwargs["clipnorm"] = cfg.clipnorm
     if cfg.weight_decay is not None:

@@ -67,7 +67,12 @@ def warn_batch_norm(model, k: int) -> None:
         return
     import logging
 
-    found = [layer.name for layer in model.submodules if "BatchNormalization" in type(layer).__name__]
+    def layers(layer):  # `.layers` recursively: Keras 3 models have no tf.Module `submodules`
+        for sub in getattr(layer, "layers", None) or []:
+            yield sub
+            yield from layers(sub)
+
+    found = [layer.name for layer in layers(model) if "BatchNormalization" in type(layer).__name__]
     if found:
         logging.getLogger("runner").warning(
             "train.accumulation_steps=%d with %d BatchNormalization layer(s) (%s): each micro-batch is normalised with "

@@ -18,6 +18,7 @@ from runner.executors.profiling import Profile
 from runner.tracking import phases
 
 if TYPE_CHECKING:  # the types Job holds: TensorFlow's, imported only for the annotations
+    import keras
     import tensorflow as tf
     import tf_keras
     from omegaconf import DictConfig
@@ -37,8 +38,8 @@ class Reporter(Protocol):
 @dataclass
 class Job:
     strategy: tf.distribute.Strategy
-    model: tf_keras.Model  # built inside strategy.scope()
-    optimizer: tf_keras.optimizers.Optimizer  # built inside strategy.scope()
+    model: tf_keras.Model | keras.Model  # built inside strategy.scope(); Keras 3: the custom loop only
+    optimizer: tf_keras.optimizers.Optimizer | keras.optimizers.Optimizer  # the model's Keras', inside strategy.scope()
     loss: str  # mse | binary_crossentropy | sparse_categorical_crossentropy
     data: Data
     train: DictConfig  # the train config node
@@ -55,6 +56,13 @@ class Job:
     def learning_rate(self, step: int) -> dict[str, float]:
         """train/learning_rate at a logged step: the rate its last update used (nothing without a schedule)."""
         return {} if self.schedule is None else {"train/learning_rate": self.schedule(max(0, step - 1))}
+
+    @property
+    def keras(self):
+        """The model's Keras module (tf_keras or keras), whose losses go with it."""
+        from runner.builders.keras_flavor import keras_of
+
+        return keras_of(self.model)
 
     @property
     def replicas(self) -> int:

@@ -70,14 +70,13 @@ class InProcessTrainer(loop.Trainer):
 
     def __init__(self, job: Job):
         import tensorflow as tf
-        import tf_keras
 
-        from runner.builders.model import build_loss
+        from runner.builders.model import PER_EXAMPLE, build_loss
 
         strategy, data = job.strategy, job.data
         self.job, self.tf = job, tf
         with strategy.scope():
-            per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
+            per_example_loss = build_loss(job.loss, PER_EXAMPLE, job.keras)
         replicas = strategy.num_replicas_in_sync
         add, scale, with_shard = shard_accumulator(job)
         replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard)

@@ -5,7 +5,9 @@ from runner.executors.base import Job
 
 
 def make_evaluator(job: Job, per_example_loss):
-    """(update(batch) to run per replica, results() -> {'eval/loss': ..., 'eval/accuracy': ...})."""
+    """(update(batch) to run per replica, results() -> {'eval/loss': ..., 'eval/accuracy': ...}). The metrics are
+    tf_keras' whatever the model's Keras (they only see tensors; Keras 3's Mean under CentralStorageStrategy does not
+    average the replicas' updates right)."""
     import tf_keras
 
     from runner.builders.model import build_metrics

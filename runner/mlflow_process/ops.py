@@ -79,7 +79,7 @@ class _Pyfunc:
 def _requirements() -> list[str]:
     """What loading the model needs, pinned to what trained it (read from package metadata: nothing is imported)."""
     out = []
-    for name in ("mlflow", "tensorflow", "tf_keras", "numpy"):
+    for name in ("mlflow", "tensorflow", "tf_keras", "keras", "numpy"):
         try:
             out.append(f"{name}=={importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:

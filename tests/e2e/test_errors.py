@@ -209,7 +209,8 @@ ELSEWHERE = {
     "keras-app-weights-missing": "tests/unit/test_models.py::test_weights_path_that_does_not_exist_is_refused_by_preflight",
     "keras-app-unknown-application": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
     "keras-app-input-too-small": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
-    "model-target-keras3": "tests/unit/builders/test_model.py::test_a_keras3_model_is_refused_with_the_tf_keras_way_out",
+    "model-target-keras3": "tests/unit/builders/test_model.py::test_a_keras3_model_is_refused_where_it_is_not_trained",
+    "model-keras3-parameter-server": "tests/e2e/test_keras3.py::test_keras3_under_parameter_server_is_refused_before_training",
 }
 # Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.
 SLOW = {k for k, r in ROWS.items() if r.run or k.startswith("tpu-")}

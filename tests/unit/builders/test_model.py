@@ -182,11 +182,25 @@ def test_each_case_is_one_paragraph_through_the_cli(runner, tmp_path):
 
 
 @pytest.mark.slow  # imports TensorFlow and Keras 3 in process
-def test_a_keras3_model_is_refused_with_the_tf_keras_way_out(monkeypatch):
+def test_a_keras3_model_is_refused_where_it_is_not_trained(monkeypatch):
+    """Built like a tf_keras model; refused with executor=fit and with mixed precision, in one paragraph that names
+    the combination, the Keras error it avoids and the way out (tests/e2e/test_keras3.py: trained and refused end to end)."""
+    import tensorflow as tf
+
+    from runner.builders.keras_flavor import check_keras3
+
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "user_project"))
-    with pytest.raises(ConfigError) as err:
-        _build("model._target_=my_models.keras3_mlp")
-    message = str(err.value)
-    assert message.startswith("model._target_='my_models.keras3_mlp' returned a Keras 3 model (keras."), message
-    assert "import tf_keras as keras" in message and "nothing was trained" in message, message
-    assert "\n" not in message
+    model = _build("model._target_=my_models.keras3_mlp")
+    assert type(model).__module__.startswith("keras.") and model.built
+    target, strategy = "my_models.keras3_mlp", tf.distribute.get_strategy()
+    check_keras3(model, target, strategy, "custom_loop", mixed_precision=False)  # trained: no refusal
+    for executor, mixed, says in [
+        ("fit", False, ["with executor=fit:", "AddN shape mismatch", "Use executor=custom_loop"]),
+        ("custom_loop", True, ["with train.mixed_precision=true:", "Set train.mixed_precision=false"]),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            check_keras3(model, target, strategy, executor, mixed_precision=mixed)
+        message = str(err.value)
+        assert message.startswith("model._target_='my_models.keras3_mlp' returned a Keras 3 model (keras."), message
+        assert all(s in message for s in says) and "import tf_keras as keras" in message, message
+        assert message.endswith("nothing was trained.") and "\n" not in message

@@ -1,0 +1,82 @@
+"""Which Keras a model is written in, and where the runner trains a Keras 3 one.
+
+tf_keras (Keras 2, what `tf.keras` means in the runner's process: TF_USE_LEGACY_KERAS=1) trains every strategy x
+executor. A `model._target_` may also return a Keras 3 model (`import keras`, TensorFlow 2.21's default): the runner
+then builds its loss and optimizer with Keras 3 and trains it with the custom loop, where tests/e2e/test_training.py
+proves the weights equal the default strategy's; the other combinations are refused here, before the first step, with
+the reason and the way out (README, "Keras 3 models"). Both Keras live in one process; the runner's own metrics and
+progress bar are tf_keras's (they only see tensors).
+"""
+
+from runner.errors import ConfigError
+
+WAY_OUT = "build the same model with `import tf_keras as keras` (the same layers and API), which trains everywhere"
+
+
+def is_keras3(obj) -> bool:
+    """A Keras 3 object, told by its classes' module (without importing keras: tf_keras's own live in tf_keras.*)."""
+    return any(c.__module__ == "keras" or c.__module__.startswith("keras.") for c in type(obj).__mro__)
+
+
+def keras_of(model):
+    """The Keras module `model` is written in: keras (Keras 3) or tf_keras."""
+    if is_keras3(model):
+        import keras
+
+        return keras
+    import tf_keras
+
+    return tf_keras
+
+
+TRAINED = "executor=custom_loop under the default, one_device, mirrored, central_storage and multi_worker_mirrored strategies"
+
+
+def _refusal(strategy, executor: str, mixed_precision: bool) -> tuple[str, str, str] | None:
+    """(the combination, why the runner does not train a Keras 3 model there, what to use instead), or None."""
+    import tensorflow as tf
+
+    if executor == "fit":
+        return (
+            "executor=fit",
+            "the runner's fit wraps the model in a tf_keras.Model (to log each replica's loss and resume inside an "
+            "epoch), which cannot hold Keras 3 layers, and Keras 3's own fit fails under tf.distribute "
+            "(MirroredStrategy with uneven replica batches: an AddN shape mismatch; MultiWorkerMirroredStrategy: "
+            "'PerReplica ... unsupported type')",
+            "Use executor=custom_loop",
+        )
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return (
+            "strategy=parameter_server",
+            "Keras 3 has no ParameterServerStrategy support",
+            "Use strategy=multi_worker_mirrored",
+        )
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return (
+            "strategy=tpu",
+            "no test of the runner has trained a Keras 3 model on a TPU (there is none here), so it does not claim that "
+            "one trains correctly",
+            "Use strategy=mirrored or one_device",
+        )
+    if mixed_precision:
+        return (
+            "train.mixed_precision=true",
+            "the runner scales the loss with tf_keras' LossScaleOptimizer, and Keras 3's has another API (scale_loss, "
+            "no get_scaled_loss)",
+            "Set train.mixed_precision=false",
+        )
+    return None
+
+
+def check_keras3(model, target: str, strategy, executor: str, mixed_precision: bool) -> None:
+    """Refuse (ConfigError, one paragraph) a Keras 3 model where the runner does not train one; nothing for tf_keras."""
+    if not is_keras3(model):
+        return
+    refusal = _refusal(strategy, executor, mixed_precision)
+    if refusal:
+        combination, why, instead = refusal
+        raise ConfigError(
+            f"model._target_={target!r} returned a Keras 3 model ({type(model).__module__}.{type(model).__name__}: "
+            f"`import keras`), which the runner does not train with {combination}: {why}. It trains Keras 3 models with "
+            f"{TRAINED}, in float32. {instead}, or {WAY_OUT}; nothing was trained."
+        )

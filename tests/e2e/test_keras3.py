@@ -1,0 +1,111 @@
+"""A user's Keras 3 model (`import keras`, tests/user_project/my_models.py:keras3_mlp) trained with the custom loop
+under every strategy that takes one, checked against the default strategy's weights (same global batch, seed and
+steps), with a warm-up, a linear decay, weight decay and gradient accumulation; the combinations the runner refuses
+(README's "Keras 3 models" table) refused in one paragraph before the first step."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import FAST, mlflow_run_by_name
+
+pytestmark = pytest.mark.slow  # end to end: trains through `python -m runner`
+
+USER = pathlib.Path(__file__).resolve().parents[1] / "user_project"
+EXPERIMENT = "keras3"
+KERAS3 = [
+    "model._target_=my_models.keras3_mlp",
+    "executor=custom_loop",
+    *FAST,
+    # the schedule the runner writes itself for Keras 3 (runner.builders.lr_schedule), and decoupled weight decay
+    "train.optimizer.schedule.name=linear",
+    "train.optimizer.schedule.warmup_steps=2",
+    "train.optimizer.schedule.final_fraction=0.2",
+    "train.optimizer.weight_decay=0.001",
+    f"mlflow.experiment_name={EXPERIMENT}",
+]
+SINGLE = {  # one process each, two at a time
+    "default": ["strategy=default"],
+    "one_device": ["strategy=one_device"],
+    "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],  # 64 = 16 per replica
+    "central_storage": ["strategy=central_storage", "devices.logical_cpus=4", "train.accumulation_steps=2"],
+    "mwms_single": ["strategy=multi_worker_mirrored"],
+}
+CLUSTERS = {  # a cluster of processes uses both cores: one at a time
+    "mwms2": ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"],
+}
+ENV = {"PYTHONPATH": str(USER)}
+
+
+@pytest.fixture(scope="module")
+def runs(runner):
+    done = runner.many({name: [*KERAS3, *args] for name, args in SINGLE.items()}, env_extra=ENV)
+    for name, args in CLUSTERS.items():
+        done[name] = runner(name, [*KERAS3, *args], env_extra=ENV)
+    for name, result in done.items():
+        assert result.returncode == 0, f"{name} failed:\n{result.output[-3000:]}"
+    return done
+
+
+def weights(path):
+    import keras
+
+    return keras.models.load_model(path, compile=False).get_weights()
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored4", "central_storage", "mwms_single", "mwms2"])
+def test_keras3_weights_equal_the_default_strategy(runs, strategy):
+    reference = weights(runs["default"].run_dir / "model.keras")
+    run_dir = runs[strategy].run_dir
+    got = weights(run_dir / "worker-0" / "model.keras" if strategy in CLUSTERS else run_dir / "model.keras")
+    assert len(got) == len(reference) > 0
+    for a, b in zip(got, reference):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+def test_keras3_run_is_tagged_and_logs_the_schedule(runs, runner):
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "mirrored4")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["keras_version"].startswith("3.")
+    assert {f"loss/replica_{i}" for i in range(4)} <= set(run.data.metrics)
+    rates = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/learning_rate"), key=lambda m: m.step)]
+    assert rates[:3] == pytest.approx([0.0, 0.15, 0.3])  # the rate each step's update used: a warm-up over 2 steps
+    assert rates[-1] == pytest.approx(0.3 * (0.2 + 0.8 * (1 - 13 / 14)))  # then the linear decay, at step 16
+
+
+LOAD = """
+import json, sys
+import keras, mlflow, numpy as np
+model_uri, keras_path = sys.argv[1:3]
+x = np.random.default_rng(0).standard_normal((3, 20)).astype(np.float32)
+pyfunc = mlflow.pyfunc.load_model(model_uri)
+direct = keras.models.load_model(keras_path, compile=False)(x).numpy()
+print(json.dumps({"pyfunc": np.asarray(pyfunc.predict(x)).tolist(), "direct": direct.tolist()}))
+"""
+
+
+def test_the_logged_keras3_model_loads_and_predicts_like_the_saved_one(runs, runner):
+    """The MLflow model (runner.mlflow_process.model) reads a Keras 3 file with Keras 3, which tf_keras cannot."""
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "default")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": runner.uri, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    argv = [sys.executable, "-c", LOAD, run.data.tags["mlflow_model"], str(runs["default"].run_dir / "model.keras")]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(got["pyfunc"], got["direct"], rtol=1e-6)
+
+
+def test_keras3_under_parameter_server_is_refused_before_training(runner):
+    ps = ["strategy=parameter_server", "cluster=localhost", "cluster.workers=1", "cluster.ps=1"]
+    result = runner("ps", [*KERAS3, *ps], env_extra=ENV)
+    assert result.returncode == 2, result.output[-3000:]
+    assert "returned a Keras 3 model" in result.output and "with strategy=parameter_server:" in result.output
+    assert "Use strategy=multi_worker_mirrored" in result.output and "Traceback" not in result.output
+    assert "task chief:0 refused the configuration (exit code 2" in result.output  # the launcher: not a lost task (3)
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ps")
+    assert run.info.status == "FAILED"
