@@ -179,7 +179,9 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     with strategy.scope():
         train = cfg.train
         model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, train.global_batch_size, train.accumulation_steps)
-        check_keras3(model, cfg.model.get("_target_"), strategy, cfg.executor.name, train.mixed_precision)
+        check_keras3(
+            model, cfg.model.get("_target_"), strategy, cfg.executor.name, train.mixed_precision, train.optimizer.clipnorm
+        )
         warn_batch_norm(model, train.accumulation_steps)
         keras = keras_of(model)
         if keras is not tf_keras:

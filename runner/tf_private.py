@@ -15,6 +15,7 @@ CALL_FLAT = "_call_flat"  # ConcreteFunction: call with flat tensors, after tf.f
 TF_LOGS = "_supports_tf_logs"  # tf_keras Callback: take the step's tensors as they are, no host copy per batch
 RESUME_HOOK = "_maybe_load_initial_counters_from_ckpt"  # tf_keras Model.fit: (epoch, step) to start at
 PLATFORM = "_platform_device"  # PreemptionCheckpointHandler: the platform it detected (GCE or not)
+FLATTEN = "_flatten_layers"  # Keras 3 Layer: every nested layer (tf_keras' public `submodules`; Keras 3 has none)
 _warned = set()
 
 
@@ -68,6 +69,23 @@ class ResumeInsideEpoch:
 
         if not hasattr(tf_keras.Model, RESUME_HOOK):
             _warn_once(f"tf_keras.Model.{RESUME_HOOK}", "Model.fit resumes at the first step of the checkpoint's epoch")
+
+
+def all_layers(model) -> list:
+    """Every layer inside `model`, nested ones included (those a custom Layer holds): tf_keras' `submodules`; for a
+    Keras 3 model its `_flatten_layers`, else the public `.layers`, recursively (which misses a custom Layer's own)."""
+    if hasattr(model, "submodules"):
+        return [m for m in model.submodules if hasattr(m, "trainable_weights")]
+    flatten = getattr(model, FLATTEN, None)
+    if flatten is not None:
+        return list(flatten(include_self=False))
+    _warn_once(f"Layer.{FLATTEN}", "layers held by a custom Layer are not looked into")
+    found, stack = [], list(getattr(model, "layers", []))
+    while stack:
+        layer = stack.pop()
+        found.append(layer)
+        stack.extend(getattr(layer, "layers", None) or [])
+    return found
 
 
 def preemption_handler_acts(handler) -> bool:

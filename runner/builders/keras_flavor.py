@@ -2,7 +2,7 @@
 
 tf_keras (Keras 2, what `tf.keras` means in the runner's process: TF_USE_LEGACY_KERAS=1) trains every strategy x
 executor. A `model._target_` may also return a Keras 3 model (`import keras`, TensorFlow 2.21's default): the runner
-then builds its loss and optimizer with Keras 3 and trains it with the custom loop, where tests/e2e/test_training.py
+then builds its loss and optimizer with Keras 3 and trains it with the custom loop, where tests/e2e/test_keras3.py
 proves the weights equal the default strategy's; the other combinations are refused here, before the first step, with
 the reason and the way out (README, "Keras 3 models"). Both Keras live in one process; the runner's own metrics and
 progress bar are tf_keras's (they only see tensors).
@@ -32,7 +32,7 @@ def keras_of(model):
 TRAINED = "executor=custom_loop under the default, one_device, mirrored, central_storage and multi_worker_mirrored strategies"
 
 
-def _refusal(strategy, executor: str, mixed_precision: bool) -> tuple[str, str, str] | None:
+def _refusal(strategy, executor: str, mixed_precision: bool, clipnorm) -> tuple[str, str, str] | None:
     """(the combination, why the runner does not train a Keras 3 model there, what to use instead), or None."""
     import tensorflow as tf
 
@@ -58,6 +58,13 @@ def _refusal(strategy, executor: str, mixed_precision: bool) -> tuple[str, str, 
             "one trains correctly",
             "Use strategy=mirrored or one_device",
         )
+    if clipnorm is not None and strategy.num_replicas_in_sync > 1:
+        return (
+            f"train.optimizer.clipnorm={clipnorm} over {strategy.num_replicas_in_sync} replicas",
+            "Keras 3's optimizer clips each replica's part of the gradient before it sums them, so the update is "
+            "not the one-device run's (tf_keras sums, then clips)",
+            "Set train.optimizer.clipnorm=null, train on one replica",
+        )
     if mixed_precision:
         return (
             "train.mixed_precision=true",
@@ -68,15 +75,16 @@ def _refusal(strategy, executor: str, mixed_precision: bool) -> tuple[str, str, 
     return None
 
 
-def check_keras3(model, target: str, strategy, executor: str, mixed_precision: bool) -> None:
+def check_keras3(model, target: str, strategy, executor: str, mixed_precision: bool, clipnorm=None) -> None:
     """Refuse (ConfigError, one paragraph) a Keras 3 model where the runner does not train one; nothing for tf_keras."""
     if not is_keras3(model):
         return
-    refusal = _refusal(strategy, executor, mixed_precision)
+    refusal = _refusal(strategy, executor, mixed_precision, clipnorm)
     if refusal:
         combination, why, instead = refusal
         raise ConfigError(
             f"model._target_={target!r} returned a Keras 3 model ({type(model).__module__}.{type(model).__name__}: "
             f"`import keras`), which the runner does not train with {combination}: {why}. It trains Keras 3 models with "
-            f"{TRAINED}, in float32. {instead}, or {WAY_OUT}; nothing was trained."
+            f"{TRAINED}, in float32 (with train.optimizer.clipnorm on one replica only). {instead}, or {WAY_OUT}; "
+            "nothing was trained."
         )

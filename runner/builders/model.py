@@ -46,7 +46,13 @@ def activation_bytes(model) -> tuple[int, int]:
         if type(layer).__name__ in VIEWS:
             continue
         try:
-            shapes = layer.output_shape
+            shapes = layer.output_shape  # tf_keras
+        except AttributeError:  # Keras 3: the symbolic output's shape
+            try:
+                output = layer.output
+                shapes = [tuple(t.shape) for t in output] if isinstance(output, (list, tuple)) else tuple(output.shape)
+            except Exception:  # never called symbolically
+                continue
         except Exception:  # never called symbolically
             continue
         shapes = shapes if isinstance(shapes, list) else [shapes]

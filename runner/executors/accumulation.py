@@ -67,12 +67,9 @@ def warn_batch_norm(model, k: int) -> None:
         return
     import logging
 
-    def layers(layer):  # `.layers` recursively: Keras 3 models have no tf.Module `submodules`
-        for sub in getattr(layer, "layers", None) or []:
-            yield sub
-            yield from layers(sub)
+    from runner import tf_private
 
-    found = [layer.name for layer in layers(model) if "BatchNormalization" in type(layer).__name__]
+    found = [layer.name for layer in tf_private.all_layers(model) if "BatchNormalization" in type(layer).__name__]
     if found:
         logging.getLogger("runner").warning(
             "train.accumulation_steps=%d with %d BatchNormalization layer(s) (%s): each micro-batch is normalised with "

@@ -213,6 +213,13 @@ def _trainers(tasks: list[Task]) -> list[Task]:
     return [t for t in tasks if t.env.get(contract.TASK_ROLE) == layout.TRAINER]
 
 
+def _has_checkpoints(cfg) -> bool:
+    if not (cfg.checkpoint.dir or cfg.output_dir):
+        return False
+    directory = layout.checkpoint_dir(cfg)
+    return os.path.isdir(directory) and any(os.scandir(directory))
+
+
 def supervise(tasks: list[Task], cfg) -> None:
     """Run until every trainer exits 0. A dead server task is restarted (parameter_server recovers);
     any other task that fails stops the whole cluster with an error naming it."""
@@ -235,10 +242,11 @@ def supervise(tasks: list[Task], cfg) -> None:
                 )
                 t.start(lock)
                 continue
-            if code == ConfigError.exit_code and not t.is_server:  # bad input, refused before training: not a lost task
+            if code == ConfigError.exit_code and not t.is_server and not _has_checkpoints(cfg):
+                # bad input, refused before anything was trained: not a lost task, and nothing to resume
                 raise ConfigError(
-                    f"task {t.name} refused the configuration (exit code 2; why is said above and in {t.run_dir}/runner.log). "
-                    "The other tasks were stopped. Change the configuration and run again."
+                    f"task {t.name} refused the configuration (exit code 2; why is said above, its log is "
+                    f"{t.run_dir}/runner.log). The other tasks were stopped. Change the configuration and run again."
                 )
             frozen = [o for o in tasks if o is not t and o.frozen()]
             if frozen:  # a peer that is stopped (SIGSTOP, a debugger) makes the healthy ones give up: name it

@@ -8,6 +8,6 @@ store and the delivery too.
 
 Imports: runner.errors, runner.config, runner.control, runner.tracking (file formats and the run's fields),
 runner.preflight (the SQLite store's file checks)
-TensorFlow: in functions (the logged model loads with tf_keras)
+TensorFlow: in functions (the logged model loads with the Keras that saved it)
 mlflow: yes
 """

@@ -100,6 +100,26 @@ def test_the_logged_keras3_model_loads_and_predicts_like_the_saved_one(runs, run
     np.testing.assert_allclose(got["pyfunc"], got["direct"], rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "case, args, says",
+    [
+        ("fit", ["executor=fit"], ["with executor=fit:", "AddN shape mismatch", "Use executor=custom_loop"]),
+        (
+            "clipnorm",
+            ["strategy=mirrored", "devices.logical_cpus=2", "train.optimizer.clipnorm=1.0"],
+            ["with train.optimizer.clipnorm=1.0 over 2 replicas:", "before it sums them"],
+        ),
+    ],
+)
+def test_keras3_refusals_end_the_command_with_exit_2_before_training(runner, case, args, says):
+    result = runner(f"refused-{case}", [*KERAS3, *args], env_extra=ENV)
+    assert result.returncode == 2, result.output[-3000:]
+    assert all(s in result.output for s in says) and "Traceback" not in result.output, result.output[-3000:]
+    assert "epoch 1/" not in result.output and not (result.run_dir / "checkpoints").exists()
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, f"refused-{case}")
+    assert run.info.status == "FAILED"
+
+
 def test_keras3_under_parameter_server_is_refused_before_training(runner):
     ps = ["strategy=parameter_server", "cluster=localhost", "cluster.workers=1", "cluster.ps=1"]
     result = runner("ps", [*KERAS3, *ps], env_extra=ENV)

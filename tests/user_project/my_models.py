@@ -39,7 +39,7 @@ class TinyNet(tf_keras.Model):
 
 
 def keras3_mlp(input_shape, num_outputs, hidden_units=(8,), activation="relu"):
-    """model=mlp's MLP written the way TensorFlow 2.21's tutorials write it, with Keras 3 (refused, with the way out)."""
+    """model=mlp's MLP written the way TensorFlow 2.21's tutorials write it, with Keras 3 (the custom loop trains it)."""
     import keras
 
     hidden = [keras.layers.Dense(units, activation=activation) for units in hidden_units]

@@ -190,8 +190,11 @@ def test_a_keras3_model_is_refused_where_it_is_not_trained(monkeypatch):
     from runner.builders.keras_flavor import check_keras3
 
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "user_project"))
+    from runner.builders.model import activation_bytes
+
     model = _build("model._target_=my_models.keras3_mlp")
     assert type(model).__module__.startswith("keras.") and model.built
+    assert activation_bytes(model) == (4 * (64 + 64 + 10), 3)  # model=mlp's [64, 64]: the memory check reads Keras 3 too
     target, strategy = "my_models.keras3_mlp", tf.distribute.get_strategy()
     check_keras3(model, target, strategy, "custom_loop", mixed_precision=False)  # trained: no refusal
     for executor, mixed, says in [

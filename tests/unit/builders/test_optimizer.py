@@ -40,30 +40,35 @@ def test_linear_decays_over_the_rest_of_the_run_by_default():
 
 
 @pytest.mark.slow  # imports TensorFlow
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     name=st.sampled_from(["constant", "cosine", "linear"]),
     warmup=st.integers(0, 5),
     decay=st.one_of(st.none(), st.integers(1, 6)),
     final=st.floats(0, 1),
+    flavor=st.sampled_from(["tf_keras", "keras"]),
 )
-def test_the_logged_rate_is_the_rate_each_update_applies(name, warmup, decay, final):
+def test_the_logged_rate_is_the_rate_each_update_applies(name, warmup, decay, final, flavor):
     """Plain SGD on loss = w from w = 0: each update moves w by exactly the learning rate (w is reset before each, so
-    float32 rounding of a growing w cannot hide a small rate); the k-th update used step k-1."""
+    float32 rounding of a growing w cannot hide a small rate); the k-th update used step k-1. With tf_keras' optimizer
+    and with Keras 3's (a Keras 3 model's, runner.builders.keras_flavor)."""
+    import importlib
+
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tensorflow as tf
 
     from runner.builders.optimizer import build_optimizer
 
+    keras = importlib.import_module(flavor)
     total = 10
     cfg = optimizer_cfg(name, warmup, decay, final, lr=0.5)
-    optimizer = build_optimizer(cfg, total_steps=total)
-    w = tf.Variable(0.0)
+    optimizer = build_optimizer(cfg, total_steps=total, keras=keras)
+    w = tf.Variable(0.0) if flavor == "tf_keras" else keras.Variable(0.0)
     moves = []
     for _ in range(total + 2):
         w.assign(0.0)
         optimizer.apply_gradients([(tf.constant(1.0), w)])
-        moves.append(-w.numpy())
+        moves.append(-np.asarray(w.numpy()))
     expected = [learning_rate(cfg, k, total) for k in range(total + 2)]
     np.testing.assert_allclose(moves, expected, rtol=1e-5, atol=1e-7)
 

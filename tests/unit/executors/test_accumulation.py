@@ -153,3 +153,20 @@ def test_batch_normalization_with_accumulation_is_a_warning(caplog):
     assert not caplog.records
     warn_batch_norm(model, 2)
     assert "train.accumulation_steps=2 with 1 BatchNormalization layer(s) (bn)" in caplog.text
+
+    import keras
+
+    for k in (tf_keras, keras):  # a residual block's kind: the normalization inside a custom layer
+
+        class Block(k.layers.Layer):
+            def __init__(self, k=k):
+                super().__init__()
+                self.dense, self.norm = k.layers.Dense(5), k.layers.BatchNormalization(name="inner_bn")
+
+            def call(self, x):
+                return x + self.norm(self.dense(x))
+
+        inputs = k.Input((5,))
+        caplog.clear()
+        warn_batch_norm(k.Model(inputs, k.layers.Dense(2)(Block()(inputs))), 2)
+        assert "1 BatchNormalization layer(s) (inner_bn)" in caplog.text, k.__name__

@@ -403,3 +403,22 @@ def test_the_tasks_die_with_the_launcher():
     while any(procs.start_ticks(p) is not None for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(procs.start_ticks(p) is None for p in pids)
+
+
+def test_a_task_that_refuses_the_configuration_ends_the_job_with_exit_2_until_checkpoints_exist(cluster):
+    """Exit 2 from a trainer is bad input refused before training: the job says so (ConfigError, exit 2), not that a
+    task was lost with `resume=` to type; once checkpoints exist, it is a lost task as before (their steps are kept)."""
+    from runner.config import layout
+    from runner.errors import ConfigError
+
+    refuses = {"worker:0": script("sys.exit(2)"), "worker:1": SERVE}
+    cfg, tasks = cluster([*MWMS, "cluster.workers=2"], refuses)
+    with pytest.raises(ConfigError, match=r"^task worker:0 refused the configuration \(exit code 2; why is said above"):
+        localhost.supervise(tasks, cfg)
+    localhost.stop_all(tasks, grace=2)
+    os.makedirs(layout.checkpoint_dir(cfg))
+    open(os.path.join(layout.checkpoint_dir(cfg), "ckpt-8.index"), "w").close()
+    cfg, tasks = cluster([*MWMS, "cluster.workers=2"], refuses)
+    with pytest.raises(ClusterError, match=r"task worker:0 \(pid \d+\) stopped: exit code 2\. .* rerun with resume="):
+        localhost.supervise(tasks, cfg)
+    localhost.stop_all(tasks, grace=2)
