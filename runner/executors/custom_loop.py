@@ -107,8 +107,8 @@ class InProcessTrainer(loop.Trainer):
         self.steps = {}  # tf.constant per call length, made once
         self.out = None
 
-    def begin(self) -> None:
-        self.iterator = iter(self.job.data.distributed_train(self.job.strategy))
+    def begin(self, step: int) -> None:
+        self.iterator = iter(self.job.data.distributed_train(self.job.strategy, step))
 
     def train(self, num_steps: int) -> None:
         if num_steps not in self.steps:

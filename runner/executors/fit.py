@@ -274,7 +274,8 @@ def run_fit(job: Job) -> Result:
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
     initial_epoch = initial_step // data.steps_per_epoch
-    fit_input = data.fit_input(dataset_creator=job.parameter_server)
+    # a resumed run's input starts at its step (not under parameter_server: workers take batches in no fixed order)
+    fit_input = data.fit_input(dataset_creator=job.parameter_server, done_steps=0 if job.parameter_server else initial_step)
     arrays_in = data.input == "numpy" and not job.parameter_server
     kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
     x, y = fit_input if arrays_in else (fit_input, None)

@@ -24,8 +24,9 @@ class Trainer:
     steps_per_call = 1  # the most steps one train() call runs
     sync_every_call = True  # wait for each call: check its loss, poll for stop requests after every call
 
-    def begin(self) -> None:
-        """Right before the first call, inside the training time (e.g. start the input iterator)."""
+    def begin(self, step: int) -> None:
+        """Right before the first call, inside the training time (e.g. start the input iterator at global step
+        `step`, the restored checkpoint's)."""
 
     def train(self, num_steps: int) -> None:
         """Run, or schedule, num_steps training steps."""
@@ -104,7 +105,7 @@ def run(job: Job, trainer: Trainer) -> Result:
     log.info(trainer.description)
     meter.start()
     started = time.perf_counter()
-    trainer.begin()
+    trainer.begin(step)
     epoch_loss = float("nan")
     stopped_early, recovered = False, 0
     with stopping.StopGuard(job) as guard:

@@ -10,6 +10,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from helpers import LiveRun, leftover_processes, live_group_members, mlflow_run_by_name, run_runner
@@ -121,6 +122,15 @@ def test_sigterm_checkpoints_at_once_and_the_rerun_resumes_there(runner, executo
     assert steps == sorted(set(steps)) and steps[-1] == epochs * 64  # one history, no step twice
     assert [s for s in steps if s > step][0] - step <= 32  # logging picked up right after the checkpoint
     assert all(s % 32 == 0 for s in steps), (step, [s for s in steps if s > step - 64])  # on the grid, no seam
+    # The rerun read the batches an uninterrupted run reads after that step (the input skips the checkpoint's steps,
+    # inside an epoch too): it ends with the weights of a run that was never stopped.
+    reference = runner(f"{name}-reference", [*LONG, f"executor={executor}", f"train.epochs={epochs}"])
+    assert reference.returncode == 0, reference.output[-3000:]
+    import tf_keras
+
+    load = lambda d: tf_keras.models.load_model(d / "model.keras", compile=False).get_weights()  # noqa: E731
+    for a, b in zip(load(run_dir), load(reference.run_dir)):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), (step, np.max(np.abs(a - b)))
 
 
 def test_ctrl_c_checkpoints_marks_the_run_killed_and_resume_alone_restores_the_overrides(runner):

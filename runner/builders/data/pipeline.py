@@ -115,20 +115,37 @@ class Data:
         data=tfrecord's data.record_ids_dir (runner.builders.data.tfrecord)."""
         return batch
 
-    def fit_input(self, dataset_creator: bool = False):
-        """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator (always, for parameter_server)."""
+    def fit_input(self, dataset_creator: bool = False, done_steps: int = 0):
+        """What Model.fit takes: a Dataset, (x, y) arrays, or a DatasetCreator (always, for parameter_server).
+        `done_steps`: as for distributed_train (arrays are batched and shuffled by Keras itself: not skipped)."""
         if self.input == "numpy" and not dataset_creator:
             return self.arrays.x_train, self.arrays.y_train
         if self.input == "from_function" or dataset_creator:
             import tf_keras
 
-            return tf_keras.utils.experimental.DatasetCreator(self.dataset_fn)
-        return self.train_dataset()
+            return tf_keras.utils.experimental.DatasetCreator(self.skipping_dataset_fn(done_steps))
+        ds = self.train_dataset()
+        return ds.skip(done_steps) if done_steps else ds
 
-    def distributed_train(self, strategy):
+    def skipping_dataset_fn(self, done_steps: int):
+        """dataset_fn from step `done_steps` on: each step takes one per-replica batch per replica of a pipeline."""
+        if not done_steps:
+            return self.dataset_fn
+
+        def dataset_fn(input_context):
+            per_step = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+            return self.dataset_fn(input_context).skip(done_steps * per_step)
+
+        return dataset_fn
+
+    def distributed_train(self, strategy, done_steps: int = 0):
+        """The training batches for strategy.run, from step `done_steps` on: a resumed run skips the batches its
+        checkpoint's steps trained on, so it reads the same global batches in the same order as an uninterrupted run
+        (the shuffle is seeded; the skipped batches are still read, so a resume costs their input time)."""
         if self.input == "from_function":
-            return strategy.distribute_datasets_from_function(self.dataset_fn)
-        return strategy.experimental_distribute_dataset(self.train_dataset())
+            return strategy.distribute_datasets_from_function(self.skipping_dataset_fn(done_steps))
+        ds = self.train_dataset()
+        return strategy.experimental_distribute_dataset(ds.skip(done_steps) if done_steps else ds)
 
     def distributed_eval(self, strategy):
         return strategy.experimental_distribute_dataset(self.eval_dataset())
