@@ -34,7 +34,6 @@ SINGLE = {  # one process each, two at a time
     "one_device": ["strategy=one_device"],
     "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],  # 64 = 16 per replica
     "central_storage": ["strategy=central_storage", "devices.logical_cpus=4", "train.accumulation_steps=2"],
-    "mwms_single": ["strategy=multi_worker_mirrored"],
 }
 CLUSTERS = {  # a cluster of processes uses both cores: one at a time
     "mwms2": ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"],
@@ -58,7 +57,7 @@ def weights(path):
     return keras.models.load_model(path, compile=False).get_weights()
 
 
-@pytest.mark.parametrize("strategy", ["one_device", "mirrored4", "central_storage", "mwms_single", "mwms2"])
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored4", "central_storage", "mwms2"])
 def test_keras3_weights_equal_the_default_strategy(runs, strategy):
     reference = weights(runs["default"].run_dir / "model.keras")
     run_dir = runs[strategy].run_dir
