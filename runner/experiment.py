@@ -217,7 +217,9 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         checkpoint_every=cfg.checkpoint.every_n_steps,
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
         schedule=scheduled(cfg.train.optimizer, total_steps),
-        watch=watch_for(cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, writes=saves),
+        watch=watch_for(
+            cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, saves, loss_name(cfg.train, arrays.task)
+        ),
         restore_best=cfg.checkpoint.restore_best,
     )
     phases.mark("build")  # strategy, data, model

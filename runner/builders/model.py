@@ -195,8 +195,13 @@ def build_loss(name: str, reduction=None, keras=None):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
 
 
+def metric_names(loss: str) -> list[str]:
+    """The evaluation metrics beside eval/loss that build_metrics makes for `loss` (known before TensorFlow)."""
+    return ["accuracy"] if loss in ("binary_crossentropy", "sparse_categorical_crossentropy") else []
+
+
 def build_metrics(name: str):
-    """Accuracy for losses that have one (the models output logits)."""
+    """Accuracy for losses that have one (the models output logits): metric_names(name)."""
     import tf_keras
 
     if name == "binary_crossentropy":

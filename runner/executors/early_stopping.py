@@ -108,12 +108,24 @@ class Watch:
         return {f"best/{self.monitor}": self.best, "best/step": float(self.best_step)}
 
 
-def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: bool) -> Watch | None:
-    """The run's Watch, or None when nothing is watched (no patience, no best checkpoint)."""
+def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: bool, loss: str | None = None) -> Watch | None:
+    """The run's Watch, or None when nothing is watched (no patience, no best checkpoint). `loss` (the run's loss
+    name): a monitor its evaluation will not have is refused here, before the first step, not after an epoch."""
     es = train_cfg.early_stopping
     keep_best = bool(checkpoint_cfg.keep_best)
     if es.patience is None and not keep_best:
         return None
+    if loss is not None:
+        from runner.builders.model import metric_names
+
+        have = ["eval/loss", *(f"eval/{name}" for name in metric_names(loss))]
+        if es.monitor not in have:
+            uses = "train.early_stopping.patience" if es.patience is not None else "checkpoint.keep_best"
+            raise ConfigError(
+                f"train.early_stopping.monitor={es.monitor} (watched for {uses}) is not among this run's evaluation "
+                f"metrics ({', '.join(have)}): its loss is {loss}, which has no accuracy. Set "
+                "train.early_stopping.monitor=eval/loss; nothing was trained."
+            )
     return Watch(
         monitor=es.monitor,
         mode=es.mode,

@@ -210,6 +210,9 @@ ELSEWHERE = {
     "keras-app-unknown-application": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
     "keras-app-input-too-small": "tests/unit/test_models.py::test_bad_keras_app_models_are_refused_when_built",
     "model-target-keras3": "tests/unit/builders/test_model.py::test_a_keras3_model_is_refused_where_it_is_not_trained",
+    "early-stopping-monitor-not-evaluated": (
+        "tests/unit/executors/test_early_stopping.py::test_a_monitor_the_loss_cannot_give_is_refused_before_the_first_step"
+    ),
     "model-keras3-clipnorm": "tests/e2e/test_keras3.py::test_keras3_refusals_end_the_command_with_exit_2_before_training",
     "model-keras3-parameter-server": "tests/e2e/test_keras3.py::test_keras3_under_parameter_server_is_refused_before_training",
 }

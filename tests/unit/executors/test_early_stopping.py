@@ -116,3 +116,21 @@ def test_nothing_is_watched_by_default():
     cfg = composed("checkpoint.keep_best=true")
     assert watch_for(cfg.train, cfg.checkpoint, None, writes=True).keep_best
     assert OmegaConf.select(cfg, "train.early_stopping.patience") is None
+
+
+def test_a_monitor_the_loss_cannot_give_is_refused_before_the_first_step():
+    """eval/accuracy watched with a regression loss: refused when the run's Watch is made, not after its first epoch."""
+    from runner.executors.early_stopping import watch_for
+
+    cfg = composed("train.early_stopping.patience=2", "train.early_stopping.monitor=eval/accuracy")
+    with pytest.raises(ConfigError) as err:
+        watch_for(cfg.train, cfg.checkpoint, None, writes=True, loss="mse")
+    message = str(err.value)
+    assert message.startswith("train.early_stopping.monitor=eval/accuracy (watched for train.early_stopping.patience)")
+    assert "(eval/loss): its loss is mse" in message and "monitor=eval/loss; nothing was trained." in message
+    assert watch_for(cfg.train, cfg.checkpoint, None, writes=True, loss="sparse_categorical_crossentropy").monitor == (
+        "eval/accuracy"
+    )
+    cfg = composed("checkpoint.keep_best=true", "train.early_stopping.monitor=eval/accuracy")
+    with pytest.raises(ConfigError, match=r"\(watched for checkpoint.keep_best\)"):
+        watch_for(cfg.train, cfg.checkpoint, None, writes=True, loss="mse")
