@@ -37,12 +37,11 @@ class KerasFile(PythonModel):
         else:
             import tf_keras as keras
 
-        name = "keras" if keras.__name__ == "keras" else "tf_keras"
         try:
             self.model = keras.models.load_model(path, compile=False)
         except Exception as err:  # a damaged file, or custom layers whose code is not importable here
             raise RuntimeError(
-                f"{os.path.basename(path)} could not be loaded with {name} {keras.__version__} "
+                f"{os.path.basename(path)} could not be loaded with {keras.__name__} {keras.__version__} "
                 f"({str(err).strip()[:300]}). A model with custom layers needs their module importable where it is loaded."
             ) from None
 

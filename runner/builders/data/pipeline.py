@@ -124,6 +124,10 @@ class Data:
             import tf_keras
 
             return tf_keras.utils.experimental.DatasetCreator(self.skipping_dataset_fn(done_steps))
+        return self.train_dataset_from(done_steps)
+
+    def train_dataset_from(self, done_steps: int):
+        """train_dataset's global batches from step `done_steps` on (the ones before are read and dropped)."""
         ds = self.train_dataset()
         return ds.skip(done_steps) if done_steps else ds
 
@@ -144,8 +148,7 @@ class Data:
         (the shuffle is seeded; the skipped batches are still read, so a resume costs their input time)."""
         if self.input == "from_function":
             return strategy.distribute_datasets_from_function(self.skipping_dataset_fn(done_steps))
-        ds = self.train_dataset()
-        return strategy.experimental_distribute_dataset(ds.skip(done_steps) if done_steps else ds)
+        return strategy.experimental_distribute_dataset(self.train_dataset_from(done_steps))
 
     def distributed_eval(self, strategy):
         return strategy.experimental_distribute_dataset(self.eval_dataset())
