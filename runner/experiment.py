@@ -133,7 +133,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.builders.data.pipeline import build_data
     from runner.builders.executor import build_executor
     from runner.builders.keras_flavor import check_keras3, keras_of
-    from runner.builders.model import build_model, loss_name
+    from runner.builders.loss import check_user_loss, loss_name
+    from runner.builders.model import build_model
     from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
     from runner.executors.accumulation import warn_batch_norm
@@ -186,8 +187,10 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         keras = keras_of(model)
         if keras is not tf_keras:
             run.set_tags({"keras_version": keras.__version__})
+        loss = loss_name(cfg.train, arrays.task)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps, keras)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
+    check_user_loss(loss, model, arrays, keras)  # a user's train.loss that cannot train is refused before the first step
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model
     if saves != cluster.is_chief:  # the MLflow run was started (or not) on layout.is_chief, before the strategy existed
         log.warning("%s: TensorFlow says should_checkpoint=%s, the runner's rule said %s", cluster.task, saves, cluster.is_chief)
@@ -207,7 +210,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         strategy,
         model,
         optimizer,
-        loss_name(cfg.train, arrays.task),
+        loss,
         data,
         cfg.train,
         cfg.executor,
@@ -217,9 +220,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         checkpoint_every=cfg.checkpoint.every_n_steps,
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
         schedule=scheduled(cfg.train.optimizer, total_steps),
-        watch=watch_for(
-            cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, saves, loss_name(cfg.train, arrays.task)
-        ),
+        watch=watch_for(cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, saves, loss),
         restore_best=cfg.checkpoint.restore_best,
     )
     phases.mark("build")  # strategy, data, model

@@ -1,27 +1,17 @@
-"""model -> an uncompiled Keras model from `model._target_` (tf_keras, or Keras 3: runner.builders.keras_flavor), plus
-the loss and metrics for it (the optimizer: runner.builders.optimizer).
+"""model -> an uncompiled Keras model from `model._target_` (tf_keras, or Keras 3: runner.builders.keras_flavor); its
+loss and metrics: runner.builders.loss, its optimizer: runner.builders.optimizer.
 
 Call these inside strategy.scope(): variables created there are distributed by the strategy.
 """
 
 import inspect
 import math
-from enum import StrEnum
 
-from hydra.utils import get_method
 from omegaconf import OmegaConf
 
 from runner.builders.keras_flavor import is_keras3
+from runner.builders.targets import locate, reason
 from runner.errors import ConfigError
-
-
-class Loss(StrEnum):
-    """train.loss (the schema's field is typed by it: runner.config.schema)."""
-
-    auto = "auto"  # from the data's task: sparse_categorical_crossentropy or mse
-    mse = "mse"
-    binary_crossentropy = "binary_crossentropy"
-    sparse_categorical_crossentropy = "sparse_categorical_crossentropy"
 
 
 def _leaf_layers(layer):
@@ -133,10 +123,10 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
     if not target:
         raise ConfigError("model needs a `_target_`: the dotted path of a function that returns an uncompiled Keras model.")
     try:
-        fn = get_method(target)
+        fn = locate(target)
     except Exception as err:
         raise ConfigError(
-            f"model._target_={target!r} cannot be imported ({err}). Use runner.models.linear, runner.models.mlp, "
+            f"model._target_={target!r} cannot be imported ({reason(err)}). Use runner.models.linear, runner.models.mlp, "
             "runner.models.cnn or your own module.function."
         ) from None
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
@@ -170,42 +160,3 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
             ) from None
     check_activation_memory(model, cfg, global_batch_size, accumulation_steps)
     return model
-
-
-def loss_name(train_cfg, task: str) -> str:
-    if train_cfg.loss != "auto":
-        return train_cfg.loss
-    return "sparse_categorical_crossentropy" if task == "classification" else "mse"
-
-
-PER_EXAMPLE = "none"  # the loss reduction that gives per-example losses (the custom loop's), in both Keras
-
-
-def build_loss(name: str, reduction=None, keras=None):
-    """A loss object of `keras` (the model's Keras, runner.builders.keras_flavor; tf_keras when not given); reduction
-    PER_EXAMPLE gives per-example losses for the custom loop."""
-    if keras is None:
-        import tf_keras as keras
-
-    kwargs = {} if reduction is None else {"reduction": reduction}
-    if name == "mse":
-        return keras.losses.MeanSquaredError(**kwargs)
-    if name == "binary_crossentropy":
-        return keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
-
-
-def metric_names(loss: str) -> list[str]:
-    """The evaluation metrics beside eval/loss that build_metrics makes for `loss` (known before TensorFlow)."""
-    return ["accuracy"] if loss in ("binary_crossentropy", "sparse_categorical_crossentropy") else []
-
-
-def build_metrics(name: str):
-    """Accuracy for losses that have one (the models output logits): metric_names(name)."""
-    import tf_keras
-
-    if name == "binary_crossentropy":
-        return [tf_keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)]
-    if name == "sparse_categorical_crossentropy":
-        return [tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-    return []

@@ -1,5 +1,6 @@
 """train.optimizer -> a Keras optimizer (the model's Keras: tf_keras, or Keras 3), with decoupled weight decay and a
-learning-rate schedule over the global step.
+learning-rate schedule over the global step: a built-in (train.optimizer.name), or your own by train.optimizer._target_,
+which gets the same learning rate, schedule, clipnorm and weight decay.
 
 The schedule is a function of the optimizer's own step counter (`optimizer.iterations`, which checkpoints restore),
 so a resumed run goes on from the same learning rate (with the same train.epochs, or decay_steps given).
@@ -7,6 +8,7 @@ so a resumed run goes on from the same learning rate (with the same train.epochs
 TensorFlow call per log line.
 """
 
+import inspect
 import math
 from enum import StrEnum
 
@@ -120,8 +122,48 @@ def _optimizer(cfg, total_steps: int, keras):
         kwargs["clipnorm"] = cfg.clipnorm
     if cfg.weight_decay is not None:
         kwargs["weight_decay"] = cfg.weight_decay
+    if cfg.get("_target_"):
+        return _user_optimizer(cfg._target_, {**dict(cfg.get("kwargs") or {}), **kwargs}, keras)
     if cfg.name == Optimizer.sgd:
         return opt.SGD(momentum=cfg.momentum, **kwargs)
     if cfg.name == Optimizer.rmsprop:
         return opt.RMSprop(momentum=cfg.momentum, **kwargs)
     return {Optimizer.adam: opt.Adam, Optimizer.adamw: opt.AdamW, Optimizer.adagrad: opt.Adagrad}[cfg.name](**kwargs)
+
+
+def _user_optimizer(target: str, kwargs: dict, keras):
+    """train.optimizer._target_: a Keras optimizer class of the model's Keras, or a function that returns one."""
+    from runner.builders.targets import locate, reason
+    from runner.errors import ConfigError
+
+    what = f"train.optimizer._target_={target!r}"
+    try:
+        fn = locate(target)
+    except Exception as err:
+        raise ConfigError(
+            f"{what} cannot be imported ({reason(err)}). Give the dotted path of a Keras optimizer class "
+            f"({keras.__name__}.optimizers.Lion, or your subclass), or a built-in: train.optimizer.name=adamw."
+        ) from None
+    if inspect.isclass(fn) and not issubclass(fn, keras.optimizers.Optimizer):
+        _wrong_kind(what, fn, keras)
+    try:
+        optimizer = fn(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"{what} does not accept the arguments {sorted(kwargs)}: {reason(err)}. The runner passes learning_rate "
+            "(and clipnorm, weight_decay where set); give the others under train.optimizer.kwargs."
+        ) from None
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        _wrong_kind(what, type(optimizer), keras)
+    return optimizer
+
+
+def _wrong_kind(what: str, kind: type, keras):
+    from runner.errors import ConfigError
+
+    other = "tf_keras" if keras.__name__ == "keras" else "keras"
+    raise ConfigError(
+        f"{what} gives {kind.__module__}.{kind.__name__}, not a {keras.__name__} optimizer, "
+        f"which the model ({keras.__name__}) needs (a legacy optimizer, or one of {other}, cannot update its "
+        f"variables). Use a {keras.__name__}.optimizers.Optimizer."
+    )

@@ -31,15 +31,19 @@ def ranged(default=None, *, factory=None, **bounds) -> Any:
     return field(default=default, metadata={"range": Range(**bounds)})
 
 
-def choice(kind: type[Enum], default) -> Any:
+def choice(kind: type[Enum], default, target: bool = False) -> Any:
     """A string field whose value must be one of the values of the Enum `kind`: `loss: str = choice(Loss, "auto")`.
 
     The field stays a plain `str` for Hydra on purpose: typed as the Enum, Hydra would refuse a bad value while
     composing (exit 1, its own message, before any runner code), and the runner's contract is one readable paragraph
     with exit 2 that names the valid values (tests/e2e/test_errors.py, tests/unit/config/test_config.py).
     `validate.check_config` checks the value against `kind`; the Enum is the one list of valid values, which the builders use too.
+
+    With `target=True` the field may instead hold a node with `_target_` (your own object, as Hydra instantiates
+    one: train.loss), so it is typed `Any`; runner.config.validate checks that node's shape.
     """
-    return field(default=kind(default).value, metadata={"choices": kind})
+    metadata = {"choices": kind, "or_target": True} if target else {"choices": kind}
+    return field(default=kind(default).value, metadata=metadata)
 
 
 def choices(kind: type[Enum]) -> tuple:

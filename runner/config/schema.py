@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from runner.builders.data.in_memory import NpzDataConfig  # noqa: F401  (tests build npz nodes from it)
-from runner.builders.model import Loss
+from runner.builders.loss import Loss
 from runner.builders.optimizer import Optimizer, Schedule
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
 from runner.config import helptext, hydra_private, registry
@@ -50,6 +50,10 @@ class OptimizerConfig:
     clipnorm: float | None = ranged(None, gt=0, null="no clipping")
     weight_decay: float | None = ranged(None, ge=0, null="the optimizer's own (adamw: 0.004, the others: none)")  # decoupled
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    # your own optimizer: a Keras optimizer class (or a function returning one) of the model's Keras, called with
+    # learning_rate (the schedule above), clipnorm and weight_decay where set, and `kwargs`; name and momentum unused
+    _target_: str | None = None
+    kwargs: Any = None  # {name: value}: a node Hydra can assign whole (train.optimizer.kwargs={beta_1:0.9})
 
 
 class Monitored(StrEnum):
@@ -90,7 +94,9 @@ class TrainConfig:
     epochs: int = ranged(2, ge=1)
     steps_per_epoch: int | None = ranged(None, ge=1, null="one pass over the data")  # None: training examples // global batch
     global_batch_size: int = ranged(64, ge=1)  # split across replicas, as the guide describes
-    loss: str = choice(Loss, "auto")  # auto: from the data's task
+    # auto: from the data's task; or your own: {_target_: a Keras Loss class, a per-example function (y_true, y_pred)
+    # or a function that returns either, plus its keyword arguments} (runner.builders.loss)
+    loss: Any = choice(Loss, "auto", target=True)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.builders import strategy_auto
+from runner.builders.loss import Loss
 from runner.config import registry
 from runner.config.fields import choices
 from runner.config.suggest import unknown_key_problem, unknown_keys
@@ -213,6 +214,37 @@ def early_stopping(cfg):
         raise ConfigError(
             "train.early_stopping.monitor=eval/accuracy is not evaluated with train.loss=mse (regression has no "
             "accuracy): use train.early_stopping.monitor=eval/loss."
+        )
+
+
+@check
+def own_objects(cfg):
+    """train.loss and train.optimizer given as `_target_` nodes: their shape (whether they import and build is
+    checked when the model is built, runner.builders.loss and runner.builders.optimizer)."""
+    loss = cfg.train.loss
+    if isinstance(loss, DictConfig) and not isinstance(loss.get("_target_"), str):
+        raise ConfigError(
+            f"train.loss={OmegaConf.to_yaml(loss, resolve=False).strip()!r} has no `_target_`: give a built-in name "
+            f"({', '.join(choices(Loss))}) or your own loss as {{_target_: mypkg.losses.MyLoss, <its arguments>}}."
+        )
+    opt = cfg.train.optimizer
+    if opt.kwargs is not None and not isinstance(opt.kwargs, DictConfig):
+        raise ConfigError(
+            f"train.optimizer.kwargs={opt.kwargs!r} is not a mapping: give your optimizer's arguments as "
+            "train.optimizer.kwargs={beta_1:0.9,beta_2:0.99}."
+        )
+    if opt.kwargs and not opt._target_:
+        raise ConfigError(
+            f"train.optimizer.kwargs={dict(opt.kwargs)} are the arguments of your own optimizer, and "
+            "train.optimizer._target_ is not set: set it (a Keras optimizer class), or leave the kwargs out "
+            f"(train.optimizer.name={opt.name} takes learning_rate, momentum, clipnorm and weight_decay)."
+        )
+    taken = sorted(set(opt.kwargs or {}) & {"learning_rate", "clipnorm", "weight_decay"})
+    if opt._target_ and taken:
+        raise ConfigError(
+            f"train.optimizer.kwargs.{taken[0]} is set, and the runner passes {taken[0]} to "
+            f"train.optimizer._target_={opt._target_} itself: set train.optimizer.{taken[0]} instead (the learning "
+            "rate follows train.optimizer.schedule and is logged as train/learning_rate)."
         )
 
 

@@ -40,7 +40,7 @@ class Job:
     strategy: tf.distribute.Strategy
     model: tf_keras.Model | keras.Model  # built inside strategy.scope(); Keras 3: the custom loop only
     optimizer: tf_keras.optimizers.Optimizer | keras.optimizers.Optimizer  # the model's Keras', inside strategy.scope()
-    loss: str  # mse | binary_crossentropy | sparse_categorical_crossentropy
+    loss: str | dict  # mse | binary_crossentropy | sparse_categorical_crossentropy, or a user's {_target_: ...}
     data: Data
     train: DictConfig  # the train config node
     executor: DictConfig  # the executor config node

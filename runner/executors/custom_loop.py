@@ -71,7 +71,7 @@ class InProcessTrainer(loop.Trainer):
     def __init__(self, job: Job):
         import tensorflow as tf
 
-        from runner.builders.model import PER_EXAMPLE, build_loss
+        from runner.builders.loss import PER_EXAMPLE, build_loss
 
         strategy, data = job.strategy, job.data
         self.job, self.tf = job, tf

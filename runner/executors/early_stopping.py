@@ -116,7 +116,7 @@ def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: boo
     if es.patience is None and not keep_best:
         return None
     if loss is not None:
-        from runner.builders.model import metric_names
+        from runner.builders.loss import metric_names
 
         have = ["eval/loss", *(f"eval/{name}" for name in metric_names(loss))]
         if es.monitor not in have:

@@ -10,7 +10,7 @@ def make_evaluator(job: Job, per_example_loss):
     average the replicas' updates right)."""
     import tf_keras
 
-    from runner.builders.model import build_metrics
+    from runner.builders.loss import build_metrics
 
     with job.strategy.scope():
         mean_loss = tf_keras.metrics.Mean(name="loss")
@@ -40,7 +40,7 @@ def evaluate_on_coordinator(job: Job, evaluator=None) -> dict:
     if evaluator is None:
         import tf_keras
 
-        from runner.builders.model import build_loss
+        from runner.builders.loss import build_loss
 
         evaluator = make_evaluator(job, build_loss(job.loss, tf_keras.losses.Reduction.NONE))
     update, results = evaluator

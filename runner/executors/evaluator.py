@@ -22,7 +22,8 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     import tensorflow as tf
 
     from runner.builders.data.pipeline import build_data
-    from runner.builders.model import build_loss, build_metrics, build_model, loss_name
+    from runner.builders.loss import build_loss, build_metrics, loss_name
+    from runner.builders.model import build_model
 
     arrays = in_memory.load(cfg.data)
     data = build_data(cfg.data, arrays, cfg.train, 1)

@@ -246,7 +246,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 def run_fit(job: Job) -> Result:
     import tf_keras
 
-    from runner.builders.model import build_loss, build_metrics
+    from runner.builders.loss import build_loss, build_metrics
 
     initial_step = job.restore()
     tf_private.ResumeInsideEpoch.check()

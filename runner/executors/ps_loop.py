@@ -23,7 +23,7 @@ class CoordinatorTrainer(loop.Trainer):
         import tensorflow as tf
         import tf_keras
 
-        from runner.builders.model import build_loss
+        from runner.builders.loss import build_loss
 
         strategy, data = job.strategy, job.data
         self.job, self.tf = job, tf

@@ -215,6 +215,12 @@ ELSEWHERE = {
     ),
     "model-keras3-clipnorm": "tests/e2e/test_keras3.py::test_keras3_refusals_end_the_command_with_exit_2_before_training",
     "model-keras3-parameter-server": "tests/e2e/test_keras3.py::test_keras3_under_parameter_server_is_refused_before_training",
+    "loss-target-missing": "tests/unit/builders/test_loss.py::test_a_loss_that_cannot_be_built_is_one_paragraph_naming_the_key",
+    "loss-target-per-batch": (
+        "tests/unit/builders/test_loss.py::test_a_loss_of_one_number_per_batch_is_refused_when_the_step_is_traced"
+    ),
+    "optimizer-target-wrong-keras": "tests/unit/builders/test_loss.py::test_an_optimizer_that_cannot_train_the_model_is_refused",
+    "optimizer-kwargs-shape": "tests/unit/builders/test_loss.py::test_the_shape_of_own_objects_is_checked_before_tensorflow",
 }
 # Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.
 SLOW = {k for k, r in ROWS.items() if r.run or k.startswith("tpu-")}

@@ -1,6 +1,7 @@
 """A user's Keras 3 model (`import keras`, tests/user_project/my_models.py:keras3_mlp) trained with the custom loop
 under every strategy that takes one, checked against the default strategy's weights (same global batch, seed and
-steps), with a warm-up, a linear decay, weight decay and gradient accumulation; the combinations the runner refuses
+steps), with a warm-up, a linear decay, weight decay, gradient accumulation and the user's own loss and optimizer
+(by `_target_`); the combinations the runner refuses
 (README's "Keras 3 models" table) refused in one paragraph before the first step."""
 
 import json
@@ -27,6 +28,10 @@ KERAS3 = [
     "train.optimizer.schedule.warmup_steps=2",
     "train.optimizer.schedule.final_fraction=0.2",
     "train.optimizer.weight_decay=0.001",
+    # the user's own loss and optimizer (by _target_) in every row: README's Keras 3 command runs the built-ins
+    "train.loss={_target_:my_losses.smoothed_crossentropy,smoothing:0.1}",
+    "train.optimizer._target_=keras.optimizers.SGD",
+    "train.optimizer.kwargs={momentum:0.5,nesterov:true}",
     f"mlflow.experiment_name={EXPERIMENT}",
 ]
 SINGLE = {  # one process each, two at a time

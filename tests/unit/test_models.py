@@ -85,7 +85,7 @@ def _two_steps(model, input_shape=(64,), classes=10, optimizer=None):
     """Two training steps through Model.fit with the runner's loss and optimizer; the losses."""
     import tf_keras
 
-    from runner.builders.model import build_loss
+    from runner.builders.loss import build_loss
     from runner.builders.optimizer import build_optimizer
 
     optimizer = optimizer or build_optimizer(composed().train.optimizer)

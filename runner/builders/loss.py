@@ -1,0 +1,193 @@
+"""train.loss -> a Keras loss, and the evaluation metrics that go with it.
+
+train.loss is a built-in name (the `Loss` Enum) or your own, as Hydra instantiates objects: a node with `_target_`
+and keyword arguments. The target may be
+- a Keras `Loss` class (either Keras), made with those arguments: `{_target_: tf_keras.losses.Huber, delta: 0.5}`;
+- a per-example function `(y_true, y_pred, **arguments)`, whose arguments the node gives: `{_target_:
+  mypkg.losses.focal, gamma: 2.0}`, made a `Loss` of the model's Keras;
+- any other function, called with the arguments, that returns one of those two.
+
+The executors need per-example losses (the custom loop and fit's per-replica losses divide their sum by the global
+batch, as the guide's `tf.nn.compute_average_loss` does), so the runner sets the loss' reduction itself, and a user's
+loss that gives one number per batch instead of one per example is refused before the first step (check_user_loss),
+or when the step is traced. Call build_loss inside strategy.scope().
+"""
+
+import inspect
+from enum import StrEnum
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.builders.targets import locate, reason
+from runner.errors import ConfigError
+
+
+class Loss(StrEnum):
+    """train.loss's built-in names (the schema's field is typed by it: runner.config.schema)."""
+
+    auto = "auto"  # from the data's task: sparse_categorical_crossentropy or mse
+    mse = "mse"
+    binary_crossentropy = "binary_crossentropy"
+    sparse_categorical_crossentropy = "sparse_categorical_crossentropy"
+
+
+PER_EXAMPLE = "none"  # the loss reduction that gives per-example losses (the custom loop's), in both Keras
+KEY = "train.loss"
+
+
+def is_target(spec) -> bool:
+    """A user's loss node (`{_target_: ...}`), not a built-in name."""
+    return isinstance(spec, (dict, DictConfig))
+
+
+def loss_name(train_cfg, task: str):
+    """The built-in loss name for the data's task, or the user's node as a plain dict."""
+    spec = train_cfg.loss
+    if is_target(spec):
+        return OmegaConf.to_container(spec, resolve=True) if isinstance(spec, DictConfig) else dict(spec)
+    if spec != "auto":
+        return str(spec)
+    return "sparse_categorical_crossentropy" if task == "classification" else "mse"
+
+
+def build_loss(spec, reduction=None, keras=None):
+    """A loss object of `keras` (the model's Keras, runner.builders.keras_flavor; tf_keras when not given);
+    reduction PER_EXAMPLE gives per-example losses for the custom loop."""
+    if keras is None:
+        import tf_keras as keras
+
+    if is_target(spec):
+        return _user_loss(dict(spec), reduction, keras)
+    kwargs = {} if reduction is None else {"reduction": reduction}
+    if spec == "mse":
+        return keras.losses.MeanSquaredError(**kwargs)
+    if spec == "binary_crossentropy":
+        return keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+
+
+def metric_names(spec) -> list[str]:
+    """The evaluation metrics beside eval/loss that build_metrics makes for `spec` (known before TensorFlow)."""
+    return ["accuracy"] if spec in ("binary_crossentropy", "sparse_categorical_crossentropy") else []
+
+
+def build_metrics(spec):
+    """Accuracy for losses that have one (the models output logits): metric_names(spec)."""
+    import tf_keras
+
+    if spec == "binary_crossentropy":
+        return [tf_keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)]
+    if spec == "sparse_categorical_crossentropy":
+        return [tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    return []
+
+
+def _is_loss(obj) -> bool:
+    import tf_keras
+
+    if isinstance(obj, tf_keras.losses.Loss):
+        return True
+    from runner.builders.keras_flavor import is_keras3
+
+    if is_keras3(obj):
+        import keras
+
+        return isinstance(obj, keras.losses.Loss)
+    return False
+
+
+def _per_example_function(fn, kwargs) -> bool:
+    """A plain function that still needs (y_true, y_pred) once the node's arguments are bound."""
+    if inspect.isclass(fn) or not callable(fn):
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    free = [p for p in positional if p.name not in kwargs and p.default is p.empty]
+    return len(free) >= 2
+
+
+def _function_loss(keras, fn, kwargs: dict):
+    """A per-example function as a Loss of `keras` (tf_keras has no public LossFunctionWrapper; a subclass with
+    `call` is how both Keras document a custom loss)."""
+
+    class FunctionLoss(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return fn(y_true, y_pred, **kwargs)
+
+    return FunctionLoss(name=getattr(fn, "__name__", "loss"))
+
+
+def _user_loss(spec: dict, reduction, keras):
+    target = spec.get("_target_")
+    kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
+    what = f"{KEY}._target_={target!r}"
+    try:
+        fn = locate(str(target))
+    except Exception as err:
+        raise ConfigError(
+            f"{what} cannot be imported ({reason(err)}). Give the dotted path of a Keras Loss class, or of a function "
+            f"(y_true, y_pred) -> per-example losses, in a module Python can import; or a built-in: {KEY}=mse."
+        ) from None
+    if _per_example_function(fn, kwargs):
+        obj = _function_loss(keras, fn, kwargs)
+    else:
+        try:
+            obj = fn(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(
+                f"{what} does not accept the arguments {sorted(kwargs)}: {reason(err)}. Change them under {KEY}."
+            ) from None
+        if callable(obj) and not _is_loss(obj) and _per_example_function(obj, {}):
+            obj = _function_loss(keras, obj, {})
+    if not _is_loss(obj):
+        raise ConfigError(
+            f"{what} gave {type(obj).__name__}, not a loss: give a Keras Loss class (tf_keras.losses.Huber, "
+            "keras.losses.Huber or your subclass), a function (y_true, y_pred, **arguments) returning one loss per "
+            "example, or a function that returns either."
+        )
+    if reduction is not None:
+        obj.reduction = reduction  # the executors sum per-example losses themselves (compute_average_loss)
+    return _per_example_checked(obj, what) if reduction is not None else obj
+
+
+def check_user_loss(spec, model, data, keras) -> None:
+    """A user's train.loss built, and called once on the model's output for two examples (the data's first two, or
+    zeros shaped like them): one number per batch is refused here, before the first step, in plain Python (inside the
+    traced step TensorFlow would wrap the refusal in its own trace). Any other failure of this probe is left to the
+    step itself, which sees the real batches."""
+    loss = build_loss(spec, PER_EXAMPLE, keras)
+    if not is_target(spec):
+        return
+    import numpy as np
+
+    x, y = getattr(data, "x_train", None), getattr(data, "y_train", None)
+    if x is None or y is None or len(x) < 2:
+        x = np.zeros((2, *data.input_shape), np.float32)
+        y = np.zeros((2,), np.int64) if data.task == "classification" else np.zeros((2, data.num_outputs), np.float32)
+    try:
+        loss(y[:2], model(x[:2], training=False))
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001  (the probe's own shapes; the step reports real failures)
+        pass
+
+
+def _per_example_checked(loss, what: str):
+    """The loss, refusing at trace time a result with one number per batch (the step would divide it by the
+    global batch again: a silently wrong scale)."""
+
+    def checked(y_true, y_pred, sample_weight=None):
+        losses = loss(y_true, y_pred, sample_weight=sample_weight)
+        if losses.shape.rank == 0:
+            raise ConfigError(
+                f"{what} gave one number per batch, not one loss per example: the runner divides the sum of "
+                "per-example losses by the global batch (tf.nn.compute_average_loss), so a mean would be scaled "
+                "again. Return the loss of each example (shape [batch]), and leave the reduction to the runner. "
+                "Nothing was trained."
+            )
+        return losses
+
+    return checked
