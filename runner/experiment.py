@@ -132,7 +132,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
 
     from runner.builders.data.pipeline import build_data
     from runner.builders.executor import build_executor
-    from runner.builders.keras_flavor import check_keras3, keras_of
+    from runner.builders.keras_flavor import check_keras3, keras_of, optimizer_clipping
     from runner.builders.loss import check_user_loss, loss_name
     from runner.builders.model import build_model
     from runner.builders.optimizer import build_optimizer, scheduled
@@ -189,6 +189,9 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
             run.set_tags({"keras_version": keras.__version__})
         loss = loss_name(cfg.train, arrays.task)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps, keras)
+        clipping = optimizer_clipping(optimizer, train.optimizer.get("_target_"))
+        if clipping:  # a user's optimizer that clips (its kwargs, or its own code): the same refusal as clipnorm's
+            check_keras3(model, cfg.model.get("_target_"), strategy, cfg.executor.name, False, clipping)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     check_user_loss(loss, model, arrays, keras)  # a user's train.loss that cannot train is refused before the first step
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model

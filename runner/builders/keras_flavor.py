@@ -59,8 +59,9 @@ def _refusal(strategy, executor: str, mixed_precision: bool, clipnorm) -> tuple[
             "Use strategy=mirrored or one_device",
         )
     if clipnorm is not None and strategy.num_replicas_in_sync > 1:
+        clipping = clipnorm if isinstance(clipnorm, str) else f"train.optimizer.clipnorm={clipnorm}"
         return (
-            f"train.optimizer.clipnorm={clipnorm} over {strategy.num_replicas_in_sync} replicas",
+            f"{clipping} over {strategy.num_replicas_in_sync} replicas",
             "Keras 3's optimizer clips each replica's part of the gradient before it sums them, so the update is "
             "not the one-device run's (tf_keras sums, then clips)",
             "Set train.optimizer.clipnorm=null, train on one replica",
@@ -76,7 +77,8 @@ def _refusal(strategy, executor: str, mixed_precision: bool, clipnorm) -> tuple[
 
 
 def check_keras3(model, target: str, strategy, executor: str, mixed_precision: bool, clipnorm=None) -> None:
-    """Refuse (ConfigError, one paragraph) a Keras 3 model where the runner does not train one; nothing for tf_keras."""
+    """Refuse (ConfigError, one paragraph) a Keras 3 model where the runner does not train one; nothing for tf_keras.
+    `clipnorm`: train.optimizer.clipnorm, or a text naming the clipping a user's optimizer does (optimizer_clipping)."""
     if not is_keras3(model):
         return
     refusal = _refusal(strategy, executor, mixed_precision, clipnorm)
@@ -88,3 +90,12 @@ def check_keras3(model, target: str, strategy, executor: str, mixed_precision: b
             f"{TRAINED}, in float32 (with train.optimizer.clipnorm on one replica only). {instead}, or {WAY_OUT}; "
             "nothing was trained."
         )
+
+
+def optimizer_clipping(optimizer, target: str | None) -> str | None:
+    """The gradient clipping a user's optimizer (train.optimizer._target_) does, read from the built optimizer (its
+    kwargs or its own code may set it), as text for check_keras3; None when it clips nothing."""
+    if not target:
+        return None
+    found = [f"{k}={getattr(optimizer, k)}" for k in ("clipnorm", "global_clipnorm", "clipvalue") if getattr(optimizer, k, None)]
+    return f"train.optimizer._target_={target} with {', '.join(found)}" if found else None

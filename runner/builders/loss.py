@@ -6,6 +6,8 @@ and keyword arguments. The target may be
 - a per-example function `(y_true, y_pred, **arguments)`, whose arguments the node gives: `{_target_:
   mypkg.losses.focal, gamma: 2.0}`, made a `Loss` of the model's Keras;
 - any other function, called with the arguments, that returns one of those two.
+A user's loss is evaluated as eval/loss only: accuracy is the built-in losses' (the runner cannot tell what a user's
+loss expects of the model's output).
 
 The executors need per-example losses (the custom loop and fit's per-replica losses divide their sum by the global
 batch, as the guide's `tf.nn.compute_average_loss` does), so the runner sets the loss' reduction itself, and a user's
@@ -31,6 +33,10 @@ class Loss(StrEnum):
     sparse_categorical_crossentropy = "sparse_categorical_crossentropy"
 
 
+KINDS = (
+    "Give a Keras Loss class (tf_keras.losses.Huber, keras.losses.Huber or your subclass), a function (y_true, y_pred, "
+    "**arguments) returning one loss per example, or a function that returns either."
+)
 PER_EXAMPLE = "none"  # the loss reduction that gives per-example losses (the custom loop's), in both Keras
 KEY = "train.loss"
 
@@ -127,11 +133,17 @@ def _user_loss(spec: dict, reduction, keras):
     try:
         fn = locate(str(target))
     except Exception as err:
-        raise ConfigError(
-            f"{what} cannot be imported ({reason(err)}). Give the dotted path of a Keras Loss class, or of a function "
-            f"(y_true, y_pred) -> per-example losses, in a module Python can import; or a built-in: {KEY}=mse."
-        ) from None
+        raise ConfigError(f"{what} cannot be imported ({reason(err)}). {KINDS} Or a built-in: {KEY}=mse.") from None
+    if not callable(fn):
+        raise ConfigError(f"{what} is a {type(fn).__name__}, not a class or a function. {KINDS}")
     if _per_example_function(fn, kwargs):
+        try:
+            inspect.signature(fn).bind(None, None, **kwargs)
+        except TypeError as err:
+            raise ConfigError(
+                f"{what} does not accept the arguments {sorted(kwargs)}: {reason(err)}. Change them under {KEY} (a "
+                "node given on the command line is merged into the one the config has: its other arguments stay)."
+            ) from None
         obj = _function_loss(keras, fn, kwargs)
     else:
         try:
@@ -143,14 +155,18 @@ def _user_loss(spec: dict, reduction, keras):
         if callable(obj) and not _is_loss(obj) and _per_example_function(obj, {}):
             obj = _function_loss(keras, obj, {})
     if not _is_loss(obj):
-        raise ConfigError(
-            f"{what} gave {type(obj).__name__}, not a loss: give a Keras Loss class (tf_keras.losses.Huber, "
-            "keras.losses.Huber or your subclass), a function (y_true, y_pred, **arguments) returning one loss per "
-            "example, or a function that returns either."
-        )
-    if reduction is not None:
-        obj.reduction = reduction  # the executors sum per-example losses themselves (compute_average_loss)
+        raise ConfigError(f"{what} gave {type(obj).__name__}, not a loss. {KINDS}")
+    # the executors sum per-example losses themselves (compute_average_loss); fit's compile and the evaluator get
+    # Keras' default mean, whatever reduction the node gave, so that both executors train at the same scale
+    obj.reduction = reduction if reduction is not None else _default_reduction(obj)
     return _per_example_checked(obj, what) if reduction is not None else obj
+
+
+def _default_reduction(loss) -> str:
+    """The mean over the batch, in the loss object's own Keras (a Keras 3 loss may serve a tf_keras model)."""
+    import tf_keras
+
+    return tf_keras.losses.Reduction.AUTO if isinstance(loss, tf_keras.losses.Loss) else "sum_over_batch_size"
 
 
 def check_user_loss(spec, model, data, keras) -> None:
@@ -181,12 +197,19 @@ def _per_example_checked(loss, what: str):
 
     def checked(y_true, y_pred, sample_weight=None):
         losses = loss(y_true, y_pred, sample_weight=sample_weight)
-        if losses.shape.rank == 0:
+        shape = losses.shape
+        if shape.rank == 0:
             raise ConfigError(
                 f"{what} gave one number per batch, not one loss per example: the runner divides the sum of "
                 "per-example losses by the global batch (tf.nn.compute_average_loss), so a mean would be scaled "
                 "again. Return the loss of each example (shape [batch]), and leave the reduction to the runner. "
                 "Nothing was trained."
+            )
+        if shape.rank > 1 and shape[1:].num_elements() != 1:
+            raise ConfigError(
+                f"{what} gave losses of shape {shape.as_list()}, not one loss per example: the custom loop would sum "
+                "the last axes and Model.fit average them, so the two executors would train at different scales. "
+                "Reduce them to one number per example (shape [batch]). Nothing was trained."
             )
         return losses
 

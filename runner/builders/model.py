@@ -129,6 +129,10 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
             f"model._target_={target!r} cannot be imported ({reason(err)}). Use runner.models.linear, runner.models.mlp, "
             "runner.models.cnn or your own module.function."
         ) from None
+    if not callable(fn):
+        raise ConfigError(
+            f"model._target_={target!r} is a {type(fn).__name__}, not a function or class that returns a Keras model."
+        )
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
     try:
         params = inspect.signature(fn).parameters

@@ -123,7 +123,10 @@ def _optimizer(cfg, total_steps: int, keras):
     if cfg.weight_decay is not None:
         kwargs["weight_decay"] = cfg.weight_decay
     if cfg.get("_target_"):
-        return _user_optimizer(cfg._target_, {**dict(cfg.get("kwargs") or {}), **kwargs}, keras)
+        from omegaconf import OmegaConf
+
+        own = OmegaConf.to_container(cfg.kwargs, resolve=True) if cfg.get("kwargs") else {}
+        return _user_optimizer(cfg._target_, {**own, **kwargs}, keras)
     if cfg.name == Optimizer.sgd:
         return opt.SGD(momentum=cfg.momentum, **kwargs)
     if cfg.name == Optimizer.rmsprop:
@@ -144,6 +147,8 @@ def _user_optimizer(target: str, kwargs: dict, keras):
             f"{what} cannot be imported ({reason(err)}). Give the dotted path of a Keras optimizer class "
             f"({keras.__name__}.optimizers.Lion, or your subclass), or a built-in: train.optimizer.name=adamw."
         ) from None
+    if not callable(fn):
+        raise ConfigError(f"{what} is a {type(fn).__name__}, not a class or a function: give a Keras optimizer class.")
     if inspect.isclass(fn) and not issubclass(fn, keras.optimizers.Optimizer):
         _wrong_kind(what, fn, keras)
     try:

@@ -215,6 +215,12 @@ def early_stopping(cfg):
             "train.early_stopping.monitor=eval/accuracy is not evaluated with train.loss=mse (regression has no "
             "accuracy): use train.early_stopping.monitor=eval/loss."
         )
+    if watched and es.monitor == "eval/accuracy" and isinstance(cfg.train.loss, DictConfig):
+        raise ConfigError(
+            f"train.early_stopping.monitor=eval/accuracy is not evaluated with your own train.loss "
+            f"(_target_={cfg.train.loss.get('_target_')}): a user's loss is evaluated as eval/loss only. Use "
+            "train.early_stopping.monitor=eval/loss, or a built-in loss."
+        )
 
 
 @check

@@ -108,6 +108,10 @@ class Watch:
         return {f"best/{self.monitor}": self.best, "best/step": float(self.best_step)}
 
 
+def _named(loss) -> str:
+    return f"your own ({loss.get('_target_')})" if isinstance(loss, dict) else str(loss)
+
+
 def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: bool, loss: str | None = None) -> Watch | None:
     """The run's Watch, or None when nothing is watched (no patience, no best checkpoint). `loss` (the run's loss
     name): a monitor its evaluation will not have is refused here, before the first step, not after an epoch."""
@@ -123,7 +127,7 @@ def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: boo
             uses = "train.early_stopping.patience" if es.patience is not None else "checkpoint.keep_best"
             raise ConfigError(
                 f"train.early_stopping.monitor={es.monitor} (watched for {uses}) is not among this run's evaluation "
-                f"metrics ({', '.join(have)}): its loss is {loss}, which has no accuracy. Set "
+                f"metrics ({', '.join(have)}): its loss is {_named(loss)}, which has no accuracy. Set "
                 "train.early_stopping.monitor=eval/loss; nothing was trained."
             )
     return Watch(

@@ -98,6 +98,8 @@ def test_the_probe_before_the_first_step_refuses_it_in_plain_python(tf):
         ({"_target_": "my_losses.focal"}, "my_losses has no attribute 'focal'"),
         ({"_target_": "tf_keras.losses.Huber", "deltaa": 1.0}, "does not accept the arguments ['deltaa']"),
         ({"_target_": "tf_keras.metrics.Mean"}, "gave Mean, not a loss"),
+        ({"_target_": "my_losses.smoothed_crossentropy", "smoothin": 0.1}, "does not accept the arguments ['smoothin']"),
+        ({"_target_": "math.pi"}, "is a float, not a class or a function"),
         ({"_target_": "tf_keras.optimizers.SGD"}, "gave SGD, not a loss"),
     ],
 )
@@ -187,3 +189,53 @@ def test_readmes_yaml_composes_and_validates():
     cfg = OmegaConf.merge(composed(), OmegaConf.create(block))
     validate.check_config(cfg)
     assert cfg.train.loss._target_ == "my_losses.smoothed_crossentropy" and cfg.train.optimizer.kwargs.beta_1 == 0.95
+
+
+def test_a_loss_of_several_numbers_per_example_is_refused(tf):
+    from runner.builders.loss import PER_EXAMPLE, build_loss
+
+    loss = build_loss({"_target_": "tf_keras.losses.mean_squared_error"}, PER_EXAMPLE)  # [batch, k] -> [batch]: fine
+    assert loss(tf.zeros([2, 3]), tf.ones([2, 3])).shape == (2,)
+    wide = build_loss({"_target_": "tensorflow.math.squared_difference"}, PER_EXAMPLE)  # [batch, k] stays
+    with pytest.raises(ConfigError, match=r"gave losses of shape \[2, 3\], not one loss per example"):
+        wide(tf.zeros([2, 3]), tf.ones([2, 3]))
+
+
+def test_fit_gets_keras_default_mean_whatever_reduction_the_node_gives(tf):
+    from runner.builders.loss import build_loss
+
+    y, p = tf.constant([[0.0], [1.0]]), tf.constant([[1.0], [3.0]])
+    loss = build_loss({"_target_": "tf_keras.losses.MeanSquaredError", "reduction": "sum"})
+    assert float(loss(y, p)) == pytest.approx(2.5)  # the mean of 1 and 4, not their sum
+
+
+def test_locate_finds_a_packages_function_before_its_submodule_and_names_the_missing_module(tmp_path, monkeypatch):
+    from runner.builders.targets import locate
+
+    (tmp_path / "pk").mkdir()
+    (tmp_path / "pk" / "__init__.py").write_text("from .resnet import resnet\n")
+    (tmp_path / "pk" / "resnet.py").write_text("def resnet():\n    return 1\n")
+    (tmp_path / "broken.py").write_text("import no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert locate("pk.resnet")() == 1  # the function, as Hydra finds it, not the module
+    with pytest.raises(ImportError, match="No module named 'no_such_dependency'"):
+        locate("broken.f")
+    with pytest.raises(ImportError, match="pk has no attribute 'nothing'"):
+        locate("pk.nothing")
+
+
+def test_a_keras3_users_optimizer_that_clips_is_named_for_the_refusal(tf):
+    import keras
+
+    from runner.builders.keras_flavor import optimizer_clipping
+
+    clipping = optimizer_clipping(keras.optimizers.SGD(global_clipnorm=1.0), "keras.optimizers.SGD")
+    assert clipping == "train.optimizer._target_=keras.optimizers.SGD with global_clipnorm=1.0"
+    assert optimizer_clipping(keras.optimizers.SGD(), "keras.optimizers.SGD") is None
+
+
+def test_early_stopping_on_accuracy_with_a_users_loss_is_refused_before_tensorflow():
+    cfg = composed("train.loss={_target_:my_losses.smoothed_crossentropy}", "train.early_stopping.patience=2")
+    cfg.train.early_stopping.monitor = "eval/accuracy"
+    with pytest.raises(ConfigError, match="a user's loss is evaluated as eval/loss only"):
+        validate.check_config(cfg)
