@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.builders.targets import locate, reason
+from runner.builders.targets import callable_at, reason
 from runner.errors import ConfigError
 
 
@@ -130,12 +130,7 @@ def _user_loss(spec: dict, reduction, keras):
     target = spec.get("_target_")
     kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
     what = f"{KEY}._target_={target!r}"
-    try:
-        fn = locate(str(target))
-    except Exception as err:
-        raise ConfigError(f"{what} cannot be imported ({reason(err)}). {KINDS} Or a built-in: {KEY}=mse.") from None
-    if not callable(fn):
-        raise ConfigError(f"{what} is a {type(fn).__name__}, not a class or a function. {KINDS}")
+    fn = callable_at(KEY, target, f"{KINDS} Or a built-in: {KEY}=mse.")
     if _per_example_function(fn, kwargs):
         try:
             inspect.signature(fn).bind(None, None, **kwargs)

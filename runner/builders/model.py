@@ -10,7 +10,7 @@ import math
 from omegaconf import OmegaConf
 
 from runner.builders.keras_flavor import is_keras3
-from runner.builders.targets import locate, reason
+from runner.builders.targets import callable_at
 from runner.errors import ConfigError
 
 
@@ -122,17 +122,9 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
     target = cfg.get("_target_")
     if not target:
         raise ConfigError("model needs a `_target_`: the dotted path of a function that returns an uncompiled Keras model.")
-    try:
-        fn = locate(target)
-    except Exception as err:
-        raise ConfigError(
-            f"model._target_={target!r} cannot be imported ({reason(err)}). Use runner.models.linear, runner.models.mlp, "
-            "runner.models.cnn or your own module.function."
-        ) from None
-    if not callable(fn):
-        raise ConfigError(
-            f"model._target_={target!r} is a {type(fn).__name__}, not a function or class that returns a Keras model."
-        )
+    fn = callable_at(
+        "model", target, "Use runner.models.linear, runner.models.mlp, runner.models.cnn or your own module.function."
+    )
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
     try:
         params = inspect.signature(fn).parameters

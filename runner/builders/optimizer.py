@@ -136,19 +136,16 @@ def _optimizer(cfg, total_steps: int, keras):
 
 def _user_optimizer(target: str, kwargs: dict, keras):
     """train.optimizer._target_: a Keras optimizer class of the model's Keras, or a function that returns one."""
-    from runner.builders.targets import locate, reason
+    from runner.builders.targets import callable_at, reason
     from runner.errors import ConfigError
 
     what = f"train.optimizer._target_={target!r}"
-    try:
-        fn = locate(target)
-    except Exception as err:
-        raise ConfigError(
-            f"{what} cannot be imported ({reason(err)}). Give the dotted path of a Keras optimizer class "
-            f"({keras.__name__}.optimizers.Lion, or your subclass), or a built-in: train.optimizer.name=adamw."
-        ) from None
-    if not callable(fn):
-        raise ConfigError(f"{what} is a {type(fn).__name__}, not a class or a function: give a Keras optimizer class.")
+    fn = callable_at(
+        "train.optimizer",
+        target,
+        f"Give the dotted path of a Keras optimizer class ({keras.__name__}.optimizers.Lion, or your subclass), or a "
+        "built-in: train.optimizer.name=adamw.",
+    )
     if inspect.isclass(fn) and not issubclass(fn, keras.optimizers.Optimizer):
         _wrong_kind(what, fn, keras)
     try:

@@ -35,3 +35,18 @@ def locate(path: str):
 def reason(err: Exception) -> str:
     """An exception as one sentence fragment, without a trailing period."""
     return " ".join(str(err).split()).rstrip(".")
+
+
+def callable_at(key: str, target, hint: str):
+    """The class or function `{key}._target_` names; ConfigError (one paragraph, ending with `hint`: what it may
+    name) when it does not import or is neither."""
+    from runner.errors import ConfigError
+
+    what = f"{key}._target_={target!r}"
+    try:
+        fn = locate(str(target))
+    except Exception as err:
+        raise ConfigError(f"{what} cannot be imported ({reason(err)}). {hint}") from None
+    if not callable(fn):
+        raise ConfigError(f"{what} is a {type(fn).__name__}, not a class or a function. {hint}")
+    return fn
