@@ -134,6 +134,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.builders.executor import build_executor
     from runner.builders.keras_flavor import check_keras3, keras_of, optimizer_clipping
     from runner.builders.loss import check_user_loss, loss_name
+    from runner.builders.metrics import check_metrics
     from runner.builders.model import build_model
     from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
@@ -194,6 +195,9 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
             check_keras3(model, cfg.model.get("_target_"), strategy, cfg.executor.name, False, clipping)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
     check_user_loss(loss, model, arrays, keras)  # a user's train.loss that cannot train is refused before the first step
+    watched = train.early_stopping.monitor if train.early_stopping.patience is not None or cfg.checkpoint.keep_best else None
+    # so are train.metrics (and a monitor none of them is)
+    check_metrics(train.metrics, loss, model, arrays, watched, strategy, train.accumulation_steps)
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model
     if saves != cluster.is_chief:  # the MLflow run was started (or not) on layout.is_chief, before the strategy existed
         log.warning("%s: TensorFlow says should_checkpoint=%s, the runner's rule said %s", cluster.task, saves, cluster.is_chief)
@@ -222,7 +226,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         checkpoints=checkpoints,
         checkpoint_every=cfg.checkpoint.every_n_steps,
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
-        schedule=scheduled(cfg.train.optimizer, total_steps),
+        schedule=scheduled(cfg.train.optimizer, total_steps, keras),
         watch=watch_for(cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, saves, loss),
         restore_best=cfg.checkpoint.restore_best,
     )

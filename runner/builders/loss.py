@@ -1,4 +1,4 @@
-"""train.loss -> a Keras loss, and the evaluation metrics that go with it.
+"""train.loss -> a Keras loss (its metrics: runner.builders.metrics).
 
 train.loss is a built-in name (the `Loss` Enum) or your own, as Hydra instantiates objects: a node with `_target_`
 and keyword arguments. The target may be
@@ -70,22 +70,6 @@ def build_loss(spec, reduction=None, keras=None):
     if spec == "binary_crossentropy":
         return keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
-
-
-def metric_names(spec) -> list[str]:
-    """The evaluation metrics beside eval/loss that build_metrics makes for `spec` (known before TensorFlow)."""
-    return ["accuracy"] if spec in ("binary_crossentropy", "sparse_categorical_crossentropy") else []
-
-
-def build_metrics(spec):
-    """Accuracy for losses that have one (the models output logits): metric_names(spec)."""
-    import tf_keras
-
-    if spec == "binary_crossentropy":
-        return [tf_keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)]
-    if spec == "sparse_categorical_crossentropy":
-        return [tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-    return []
 
 
 def _is_loss(obj) -> bool:

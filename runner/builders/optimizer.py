@@ -57,13 +57,22 @@ def learning_rate(cfg, step: int, total_steps: int) -> float:
 
 def constant(cfg) -> bool:
     """No schedule: the plain learning rate, no warm-up."""
-    return cfg.schedule.name == Schedule.constant and not cfg.schedule.warmup_steps
+    return cfg.schedule.name == Schedule.constant and not cfg.schedule.warmup_steps and not own_schedule(cfg)
 
 
-def scheduled(cfg, total_steps: int):
-    """step -> learning rate for the train/learning_rate metric, or None when the rate is constant."""
+def own_schedule(cfg) -> bool:
+    """train.optimizer.schedule._target_ is set: the user's LearningRateSchedule."""
+    return bool(cfg.schedule.get("_target_"))
+
+
+def scheduled(cfg, total_steps: int, keras=None):
+    """step -> learning rate for the train/learning_rate metric, or None when the rate is constant. A user's schedule
+    is a second instance of it, called at the logged steps (a TensorFlow op per log line, not per step)."""
     if constant(cfg):
         return None
+    if own_schedule(cfg):
+        schedule = _user_schedule(cfg.schedule, keras)
+        return lambda step: float(schedule(step))
     return lambda step: learning_rate(cfg, step, total_steps)
 
 
@@ -74,6 +83,8 @@ def _rate(cfg, total_steps: int, keras):
     peak, warmup, final = cfg.learning_rate, schedule.warmup_steps, schedule.final_fraction
     if constant(cfg):
         return peak  # as before schedules existed: checkpoints and saved models unchanged
+    if own_schedule(cfg):
+        return _user_schedule(schedule, keras)
     decay = total_decay_steps(cfg, total_steps)
     if schedule.name == Schedule.linear and not warmup:
         return keras.optimizers.schedules.PolynomialDecay(peak, decay, end_learning_rate=peak * final, power=1.0)
@@ -158,6 +169,58 @@ def _user_optimizer(target: str, kwargs: dict, keras):
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         _wrong_kind(what, type(optimizer), keras)
     return optimizer
+
+
+SCHEDULE_KINDS = (
+    "Give a LearningRateSchedule class of the model's Keras ({keras}.optimizers.schedules.ExponentialDecay, or your "
+    "subclass) with its arguments under train.optimizer.schedule.kwargs, or a function that returns one; or a "
+    "built-in: train.optimizer.schedule.name=cosine."
+)
+
+
+def _user_schedule(cfg, keras=None):
+    """train.optimizer.schedule._target_, made with its kwargs, checked to be a LearningRateSchedule of `keras` that
+    gives a finite rate at step 0 (ConfigError otherwise: before the first step)."""
+    import math
+
+    from omegaconf import OmegaConf
+
+    from runner.builders.targets import callable_at, reason
+    from runner.errors import ConfigError
+
+    if keras is None:
+        import tf_keras as keras
+    what, kinds = f"train.optimizer.schedule._target_={cfg._target_!r}", SCHEDULE_KINDS.format(keras=keras.__name__)
+    fn = callable_at("train.optimizer.schedule", cfg._target_, kinds)
+    kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True) if cfg.get("kwargs") else {}
+    try:
+        schedule = fn(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"{what} does not accept the arguments {sorted(kwargs)}: {reason(err)}. Give its arguments under "
+            "train.optimizer.schedule.kwargs (the runner passes none of its own)."
+        ) from None
+    base = keras.optimizers.schedules.LearningRateSchedule
+    if not isinstance(schedule, base):
+        other = "tf_keras" if keras.__name__ == "keras" else "keras"
+        theirs = f", a schedule of {other}," if isinstance(schedule, _other_base(other)) else ""
+        raise ConfigError(
+            f"{what} gave {type(schedule).__module__}.{type(schedule).__name__}{theirs} not a {keras.__name__} "
+            f"LearningRateSchedule, which the model's optimizer ({keras.__name__}) needs. {kinds}"
+        )
+    try:
+        first = float(schedule(0))
+    except Exception as err:  # noqa: BLE001  (the user's schedule at step 0: said in one line)
+        raise ConfigError(f"{what} failed at step 0: {reason(err)}. Check train.optimizer.schedule.kwargs.") from None
+    if not math.isfinite(first) or first < 0:
+        raise ConfigError(f"{what} gives a learning rate of {first} at step 0: it must be finite and not negative.")
+    return schedule
+
+
+def _other_base(name: str):
+    import importlib
+
+    return importlib.import_module(name).optimizers.schedules.LearningRateSchedule
 
 
 def _wrong_kind(what: str, kind: type, keras):

@@ -40,6 +40,10 @@ class ScheduleConfig:
     warmup_steps: int = ranged(0, ge=0)
     decay_steps: int | None = ranged(None, ge=1, null="the run's steps after the warm-up")
     final_fraction: float = ranged(0.0, ge=0, le=1)  # the decay's end, as a fraction of learning_rate
+    # your own instead: a LearningRateSchedule class of the model's Keras (or a function returning one), called with
+    # kwargs alone (train.optimizer.learning_rate and the keys above do not apply then)
+    _target_: str | None = None
+    kwargs: Any = None  # assign it whole: train.optimizer.schedule.kwargs={initial_learning_rate:0.1,decay_steps:100}
 
 
 @dataclass
@@ -97,6 +101,9 @@ class TrainConfig:
     # auto: from the data's task; or your own: {_target_: a Keras Loss class, a per-example function (y_true, y_pred)
     # or a function that returns either, plus its keyword arguments} (runner.builders.loss)
     loss: Any = choice(Loss, "auto", target=True)
+    # your own metrics beside the loss: [{_target_: a tf_keras Metric class, or a per-example function (y_true,
+    # y_pred), plus its arguments}]; logged as <name>, eval/<name> and <name>/replica_<i> (runner.builders.metrics)
+    metrics: list[Any] = field(default_factory=list)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)

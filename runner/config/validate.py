@@ -210,29 +210,38 @@ def early_stopping(cfg):
             "epoch on its own)."
         )
     watched = es.patience is not None or cfg.checkpoint.keep_best
-    if watched and es.monitor == "eval/accuracy" and cfg.train.loss == "mse":
+    own_metrics = bool(cfg.train.get("metrics"))  # one of them may be named accuracy: checked once they are made
+    if watched and es.monitor == "eval/accuracy" and cfg.train.loss == "mse" and not own_metrics:
         raise ConfigError(
             "train.early_stopping.monitor=eval/accuracy is not evaluated with train.loss=mse (regression has no "
             "accuracy): use train.early_stopping.monitor=eval/loss."
         )
-    if watched and es.monitor == "eval/accuracy" and isinstance(cfg.train.loss, DictConfig):
+    if watched and es.monitor == "eval/accuracy" and isinstance(cfg.train.loss, DictConfig) and not own_metrics:
         raise ConfigError(
             f"train.early_stopping.monitor=eval/accuracy is not evaluated with your own train.loss "
             f"(_target_={cfg.train.loss.get('_target_')}): a user's loss is evaluated as eval/loss only. Use "
-            "train.early_stopping.monitor=eval/loss, or a built-in loss."
+            "train.early_stopping.monitor=eval/loss, a built-in loss, or a metric of your own (train.metrics)."
         )
 
 
 @check
 def own_objects(cfg):
-    """train.loss and train.optimizer given as `_target_` nodes: their shape (whether they import and build is
-    checked when the model is built, runner.builders.loss and runner.builders.optimizer)."""
+    """train.loss, train.metrics and train.optimizer given as `_target_` nodes: their shape (whether they import and
+    build is checked when the model is built: runner.builders.loss, .metrics and .optimizer)."""
     loss = cfg.train.loss
     if isinstance(loss, DictConfig) and not isinstance(loss.get("_target_"), str):
         raise ConfigError(
             f"train.loss={OmegaConf.to_yaml(loss, resolve=False).strip()!r} has no `_target_`: give a built-in name "
             f"({', '.join(choices(Loss))}) or your own loss as {{_target_: mypkg.losses.MyLoss, <its arguments>}}."
         )
+    for i, spec in enumerate(cfg.train.get("metrics") or []):
+        if not isinstance(spec, DictConfig) or not isinstance(spec.get("_target_"), str):
+            shown = OmegaConf.to_yaml(spec, resolve=False).strip() if isinstance(spec, DictConfig) else spec
+            raise ConfigError(
+                f"train.metrics[{i}]={shown!r} "
+                "has no `_target_`: give each metric as {_target_: tf_keras.metrics.AUC, from_logits: true} or "
+                "{_target_: mypkg.metrics.my_function} (a function (y_true, y_pred) of one value per example)."
+            )
     opt = cfg.train.optimizer
     if opt.kwargs is not None and not isinstance(opt.kwargs, DictConfig):
         raise ConfigError(
@@ -244,6 +253,30 @@ def own_objects(cfg):
             f"train.optimizer.kwargs={dict(opt.kwargs)} are the arguments of your own optimizer, and "
             "train.optimizer._target_ is not set: set it (a Keras optimizer class), or leave the kwargs out "
             f"(train.optimizer.name={opt.name} takes learning_rate, momentum, clipnorm and weight_decay)."
+        )
+    schedule = opt.schedule
+    if schedule.kwargs is not None and not isinstance(schedule.kwargs, DictConfig):
+        raise ConfigError(
+            f"train.optimizer.schedule.kwargs={schedule.kwargs!r} is not a mapping: give your schedule's arguments as "
+            "train.optimizer.schedule.kwargs={initial_learning_rate:0.1,decay_steps:100,decay_rate:0.5}."
+        )
+    if schedule.kwargs and not schedule._target_:
+        raise ConfigError(
+            f"train.optimizer.schedule.kwargs={dict(schedule.kwargs)} are the arguments of your own schedule, and "
+            "train.optimizer.schedule._target_ is not set: set it (a Keras LearningRateSchedule class), or leave the "
+            "kwargs out (the built-in schedules take name, warmup_steps, decay_steps and final_fraction)."
+        )
+    builtin = {
+        k: schedule[k]
+        for k, v in {"name": "constant", "warmup_steps": 0, "decay_steps": None, "final_fraction": 0.0}.items()
+        if schedule[k] != v
+    }
+    if schedule._target_ and builtin:
+        key = next(iter(builtin))
+        raise ConfigError(
+            f"train.optimizer.schedule.{key}={builtin[key]} is a key of the built-in schedules, and "
+            f"train.optimizer.schedule._target_={schedule._target_} is your own, which takes only its kwargs: leave "
+            f"train.optimizer.schedule.{key} out, or drop the _target_."
         )
     taken = sorted(set(opt.kwargs or {}) & {"learning_rate", "clipnorm", "weight_decay"})
     if opt._target_ and taken:
@@ -283,11 +316,21 @@ def enumerations(cfg):
     """The one generic choice check: every enumerated field (`choice(Enum, default)`) against its Enum's values."""
     _first_of(
         [
-            f"{full}={str(value)!r} is not valid; choose one of: {', '.join(choices(kind))}."
+            f"{full}={str(value)!r} is not valid; choose one of: {', '.join(choices(kind))}"
+            + (", or eval/<name> of one of your own train.metrics." if full == MONITOR else ".")
             for full, kind, value in _declared(cfg, "", "choices")
-            if str(value) not in choices(kind)
+            if str(value) not in choices(kind) and not _own_metric(cfg, full, str(value))
         ]
     )
+
+
+MONITOR = "train.early_stopping.monitor"
+
+
+def _own_metric(cfg, full: str, value: str) -> bool:
+    """The monitor names one of the user's train.metrics (eval/<its name>): their names are known once they are made,
+    after TensorFlow's import, and checked there (runner.builders.metrics.check_metrics)."""
+    return full == MONITOR and value.startswith("eval/") and bool(cfg.train.get("metrics"))
 
 
 @check

@@ -53,6 +53,13 @@ class Job:
     watch: Watch | None = None  # evaluations after each epoch: early stopping, the best checkpoint (None: neither)
     restore_best: bool = False  # checkpoint.restore_best: end with the best checkpoint's weights
 
+    @property
+    def metrics(self) -> list[dict]:
+        """train.metrics: the user's metric nodes (runner.builders.metrics), as plain dicts."""
+        from runner.builders.metrics import specs_of
+
+        return specs_of(self.train.get("metrics"))
+
     def learning_rate(self, step: int) -> dict[str, float]:
         """train/learning_rate at a logged step: the rate its last update used (nothing without a schedule)."""
         return {} if self.schedule is None else {"train/learning_rate": self.schedule(max(0, step - 1))}

@@ -7,6 +7,7 @@ loop_fns do. Epochs, logging, checkpoints and stop requests are runner.executors
 parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 """
 
+from runner.builders.metrics import build_own, per_replica, reset, results
 from runner.control import teardown
 from runner.executors import loop
 from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
@@ -77,9 +78,10 @@ class InProcessTrainer(loop.Trainer):
         self.job, self.tf = job, tf
         with strategy.scope():
             per_example_loss = build_loss(job.loss, PER_EXAMPLE, job.keras)
+            self.metrics = build_own(job.metrics)  # train.metrics on the training batches
         replicas = strategy.num_replicas_in_sync
         add, scale, with_shard = shard_accumulator(job)
-        replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard)
+        replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard, metrics=self.metrics)
         eval_update, self.eval_results = make_evaluator(job, per_example_loss)
 
         @tf.function
@@ -119,8 +121,16 @@ class InProcessTrainer(loop.Trainer):
         num_steps, (loss, _) = self.out
         return [(num_steps, float(loss))]
 
+    def epoch_begin(self) -> None:
+        reset(self.metrics)
+
     def report(self, loss: float):
-        return replica_metrics(self.out[1][1].numpy()), ""
+        found = replica_metrics(self.out[1][1].numpy())
+        if self.metrics:  # every worker reads them at the same steps (under multi-worker, a collective each)
+            found.update(results(self.metrics))
+            if not self.job.multi_worker:
+                found.update(per_replica(self.job.strategy, self.metrics))
+        return found, ""
 
     def evaluate(self):
         for batch in teardown.keep(iter(self.job.data.distributed_eval(self.job.strategy))):

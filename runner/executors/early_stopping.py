@@ -120,10 +120,10 @@ def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: boo
     if es.patience is None and not keep_best:
         return None
     if loss is not None:
-        from runner.builders.loss import metric_names
+        from runner.builders.metrics import builtin_names
 
-        have = ["eval/loss", *(f"eval/{name}" for name in metric_names(loss))]
-        if es.monitor not in have:
+        have = ["eval/loss", *(f"eval/{name}" for name in builtin_names(loss))]
+        if es.monitor not in have and not train_cfg.get("metrics"):  # your own metrics: checked when they are made
             uses = "train.early_stopping.patience" if es.patience is not None else "checkpoint.keep_best"
             raise ConfigError(
                 f"train.early_stopping.monitor={es.monitor} (watched for {uses}) is not among this run's evaluation "

@@ -10,11 +10,11 @@ def make_evaluator(job: Job, per_example_loss):
     average the replicas' updates right)."""
     import tf_keras
 
-    from runner.builders.loss import build_metrics
+    from runner.builders.metrics import build_metrics
 
     with job.strategy.scope():
         mean_loss = tf_keras.metrics.Mean(name="loss")
-        metrics = build_metrics(job.loss)
+        metrics = build_metrics(job.loss, job.metrics)
 
     def update(inputs):
         x, y = inputs[0], inputs[1]

@@ -22,7 +22,8 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     import tensorflow as tf
 
     from runner.builders.data.pipeline import build_data
-    from runner.builders.loss import build_loss, build_metrics, loss_name
+    from runner.builders.loss import build_loss, loss_name
+    from runner.builders.metrics import build_metrics
     from runner.builders.model import build_model
 
     arrays = in_memory.load(cfg.data)
@@ -30,7 +31,7 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     final_step = cfg.train.epochs * data.steps_per_epoch
     model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
     name = loss_name(cfg.train, arrays.task)
-    model.compile(loss=build_loss(name), metrics=build_metrics(name))
+    model.compile(loss=build_loss(name), metrics=build_metrics(name, cfg.train.metrics))
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, step=step)
     directory = layout.checkpoint_dir(cfg)

@@ -146,8 +146,11 @@ def _shown(logs):
     return {k: v for k, v in (logs or {}).items() if k != "replica_losses"}
 
 
-def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate):
+def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate, own=()):
+    """`own`: train.metrics' objects, whose per-replica copies are read at each report (one worker only)."""
     import tf_keras
+
+    from runner.builders.metrics import per_replica
 
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
     epochs = job.train.epochs
@@ -179,6 +182,8 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             values = {k: float(np.mean(v)) for k, v in logs.items() if k != "replica_losses"}
             check_loss(job, values.get("loss", 0.0), step)
             values.update(replica_metrics(self.model.replica_losses(logs)))
+            if own and not job.multi_worker and not job.parameter_server:
+                values.update(per_replica(job.strategy, own))
             rates = meter.window()
             values.update(rates)
             values.update(job.learning_rate(step))
@@ -246,7 +251,8 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 def run_fit(job: Job) -> Result:
     import tf_keras
 
-    from runner.builders.loss import build_loss, build_metrics
+    from runner.builders.loss import build_loss
+    from runner.builders.metrics import build_metrics, build_own
 
     initial_step = job.restore()
     tf_private.ResumeInsideEpoch.check()
@@ -263,10 +269,11 @@ def run_fit(job: Job) -> Result:
             job.data.strip_ids,
             job.train.accumulation_steps,
         )
+        own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         model.compile(
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
-            metrics=build_metrics(job.loss),
+            metrics=[*build_metrics(job.loss), *own],
             steps_per_execution=job.train.steps_per_execution,
         )
     model.distribute_reduction_method = "first"
@@ -303,10 +310,10 @@ def run_fit(job: Job) -> Result:
 
     from runner.executors.user_callbacks import build_callbacks
 
-    own = build_callbacks(job.executor.get("callbacks"))  # checked before the first step
+    callbacks_own = build_callbacks(job.executor.get("callbacks"))  # checked before the first step
     started = time.perf_counter()
     with StopGuard(job) as guard:
-        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate), *own]
+        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate, own), *callbacks_own]
         history = model.fit(
             x,
             y,

@@ -36,6 +36,9 @@ class Trainer:
         """Wait for every call since the last sync: (steps, mean loss) for each of them."""
         raise NotImplementedError
 
+    def epoch_begin(self) -> None:
+        """At each epoch's start (a resumed one's too): train.metrics start afresh, as Model.fit's do."""
+
     def report(self, loss: float) -> tuple[dict[str, float], str]:
         """At a logged step: metrics beside `loss` and the throughput, and text for the end of the progress line."""
         return {}, ""
@@ -114,6 +117,7 @@ def run(job: Job, trainer: Trainer) -> Result:
             done = step - epoch * spe
             loss_sum, counted, logged_at = 0.0, 0, last_log_point(done, every)
             progress.epoch(epoch)
+            trainer.epoch_begin()
             meter.resume()
             back = None  # the step of the checkpoint a blown-up loss went back to (train.recovery)
             while done < spe:

@@ -9,6 +9,7 @@ final. TensorFlow's preemption handler does not support parameter_server: the co
 
 import collections
 
+from runner.builders.metrics import build_own, reset, results
 from runner.executors import loop
 from runner.executors.base import Job, Result, accumulation_text, epochs_text, replica_metrics
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
@@ -30,7 +31,8 @@ class CoordinatorTrainer(loop.Trainer):
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         with strategy.scope():
             per_example_loss = build_loss(job.loss, tf_keras.losses.Reduction.NONE)
-        replica_step = make_replica_step(job, per_example_loss)
+            self.metrics = build_own(job.metrics)  # train.metrics, their variables on the ps tasks
+        replica_step = make_replica_step(job, per_example_loss, metrics=self.metrics)
         self.evaluator = make_evaluator(job, per_example_loss)
 
         @tf.function
@@ -71,9 +73,12 @@ class CoordinatorTrainer(loop.Trainer):
         self.pending = []
         return done
 
+    def epoch_begin(self) -> None:
+        reset(self.metrics)
+
     def report(self, loss: float):
         by_worker = sorted(self.per_worker.items())
-        metrics = {**replica_metrics([loss]), **{f"steps/worker_{w}": c for w, c in by_worker}}
+        metrics = {**replica_metrics([loss]), **{f"steps/worker_{w}": c for w, c in by_worker}, **results(self.metrics)}
         return metrics, " | steps per worker " + ", ".join(f"{w}:{c}" for w, c in by_worker)
 
     def end(self) -> None:

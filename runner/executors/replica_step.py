@@ -9,8 +9,9 @@ from runner.executors.accumulation import accumulated
 from runner.executors.base import Job
 
 
-def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
-    """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss."""
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=()):
+    """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss.
+    `metrics`: train.metrics' objects (made inside the scope), updated with each (micro-)batch's labels and output."""
     import tensorflow as tf
     import tf_keras
 
@@ -35,9 +36,12 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True):
     def micro_step(xy, fraction):
         x, y = xy
         with tf.GradientTape() as tape:
-            losses = per_example_loss(y, model(x, training=True))
+            y_pred = model(x, training=True)
+            losses = per_example_loss(y, y_pred)
             loss, target = step_loss(losses, fraction)
         grads = tape.gradient(target, model.trainable_variables)
+        for metric in metrics:
+            metric.update_state(y, y_pred)
         f32 = lambda t: tf.cast(t, tf.float32)  # noqa: E731
         return grads, (f32(loss), f32(tf.reduce_sum(losses)), f32(tf.size(losses)))
 

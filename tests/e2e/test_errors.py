@@ -221,6 +221,19 @@ ELSEWHERE = {
     ),
     "optimizer-target-wrong-keras": "tests/unit/builders/test_loss.py::test_an_optimizer_that_cannot_train_the_model_is_refused",
     "optimizer-kwargs-shape": "tests/unit/builders/test_loss.py::test_the_shape_of_own_objects_is_checked_before_tensorflow",
+    "metric-target-wrong": (
+        "tests/unit/builders/test_metrics.py::test_a_metric_that_cannot_be_made_is_one_paragraph_naming_the_entry"
+    ),
+    "metric-cannot-be-logged": (
+        "tests/unit/builders/test_metrics.py::test_the_probe_before_the_first_step_refuses_what_cannot_be_logged"
+    ),
+    "schedule-target-wrong": (
+        "tests/unit/builders/test_optimizer.py::test_a_schedule_that_cannot_be_used_is_one_paragraph_naming_the_key"
+    ),
+    "schedule-target-shape": (
+        "tests/unit/builders/test_optimizer.py::test_the_shape_of_ones_own_schedule_is_checked_before_tensorflow"
+    ),
+    "metric-without-target": "tests/unit/builders/test_metrics.py::test_the_shape_of_train_metrics_is_checked_before_tensorflow",
 }
 # Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.
 SLOW = {k for k, r in ROWS.items() if r.run or k.startswith("tpu-")}

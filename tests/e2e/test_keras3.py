@@ -1,7 +1,7 @@
 """A user's Keras 3 model (`import keras`, tests/user_project/my_models.py:keras3_mlp) trained with the custom loop
 under every strategy that takes one, checked against the default strategy's weights (same global batch, seed and
-steps), with a warm-up, a linear decay, weight decay, gradient accumulation and the user's own loss and optimizer
-(by `_target_`); the combinations the runner refuses
+steps), with a warm-up, a linear decay, weight decay, gradient accumulation and the user's own loss, metric and
+optimizer (by `_target_`); the combinations the runner refuses
 (README's "Keras 3 models" table) refused in one paragraph before the first step."""
 
 import json
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import FAST, mlflow_run_by_name
+from helpers import FAST, composed, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: trains through `python -m runner`
 
@@ -32,13 +32,16 @@ KERAS3 = [
     "train.loss={_target_:my_losses.smoothed_crossentropy,smoothing:0.1}",
     "train.optimizer._target_=keras.optimizers.SGD",
     "train.optimizer.kwargs={momentum:0.5,nesterov:true}",
+    # and a metric of the user's own: a per-example function (tf_keras' mean of it, for a Keras 3 model too)
+    "train.metrics=[{_target_:my_metrics.true_class_probability}]",
     f"mlflow.experiment_name={EXPERIMENT}",
 ]
 SINGLE = {  # one process each, two at a time
     "default": ["strategy=default"],
     "one_device": ["strategy=one_device"],
     "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],  # 64 = 16 per replica
-    "central_storage": ["strategy=central_storage", "devices.logical_cpus=4", "train.accumulation_steps=2"],
+    # train.metrics with accumulation is refused under central_storage (runner.builders.metrics): without them here
+    "central_storage": ["strategy=central_storage", "devices.logical_cpus=4", "train.accumulation_steps=2", "train.metrics=[]"],
 }
 CLUSTERS = {  # a cluster of processes uses both cores: one at a time
     "mwms2": ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"],
@@ -80,6 +83,36 @@ def test_keras3_run_is_tagged_and_logs_the_schedule(runs, runner):
     rates = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/learning_rate"), key=lambda m: m.step)]
     assert rates[:3] == pytest.approx([0.0, 0.15, 0.3])  # the rate each step's update used: a warm-up over 2 steps
     assert rates[-1] == pytest.approx(0.3 * (0.2 + 0.8 * (1 - 13 / 14)))  # then the linear decay, at step 16
+
+
+def test_keras3_own_metric_per_split_per_replica_and_across_workers(runs, runner):
+    """The user's metric on the training batches is the same in every row (two workers read it with a collective at
+    the same steps), its per-replica means average to it, and its eval value is NumPy's on the saved model."""
+    from runner.sources import in_memory
+
+    def of(name, key="true_class_probability"):
+        client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+        return run, [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+    reference, whole = of("default")
+    assert len(whole) == 16
+    for name in ["mirrored4", "mwms2"]:
+        run, got = of(name)
+        np.testing.assert_allclose(got, whole, rtol=1e-5, err_msg=name)
+        assert run.data.metrics["eval/true_class_probability"] == pytest.approx(
+            reference.data.metrics["eval/true_class_probability"], rel=1e-5
+        )
+    shards = np.array([of("mirrored4", f"true_class_probability/replica_{i}")[1] for i in range(4)])
+    np.testing.assert_allclose(shards.mean(axis=0), whole, rtol=1e-5)
+    arrays = in_memory.load(composed(*FAST).data)
+    import keras
+
+    model = keras.models.load_model(runs["default"].run_dir / "model.keras", compile=False)
+    logits = np.asarray(model(arrays.x_eval))
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    expected = p[np.arange(len(p)), arrays.y_eval.astype(int)].mean()
+    assert reference.data.metrics["eval/true_class_probability"] == pytest.approx(expected, rel=1e-5)
 
 
 LOAD = """

@@ -29,6 +29,8 @@ RECIPE = [
     "train.optimizer.schedule.final_fraction=0.2",
     "train.optimizer.weight_decay=0.001",
 ]
+# and logs a metric of the user's own (by _target_): a per-example tf_keras metric, so per replica too
+METRICS = ["train.metrics=[{_target_:tf_keras.metrics.SparseTopKCategoricalAccuracy,k:2,name:top2}]"]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,8 @@ def matrix(runner):
             f"executor={e}",
             *FAST,
             *RECIPE,
+            # train.metrics with accumulation under central_storage is refused (runner.builders.metrics)
+            *(METRICS if s != "central_storage" or (s, e) not in ACCUMULATION else []),
             f"train.accumulation_steps={ACCUMULATION.get((s, e), 1)}",
             f"mlflow.experiment_name={EXPERIMENT}",
         ]
@@ -160,3 +164,31 @@ def test_the_logged_learning_rate_follows_the_schedule(matrix, runner, executor)
     rates = history(runner, f"mirrored4-{executor}", "train/learning_rate")
     assert rates == pytest.approx([learning_rate(cfg, step - 1, 16) for step in range(1, 17)], rel=1e-6)
     assert rates[0] == 0 and max(rates) == pytest.approx(0.3) and rates[-1] < 0.3  # warmed up, then decayed
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_own_metric_is_logged_per_split_and_per_replica(matrix, runner, executor):
+    """train.metrics' top2 on the training batches (each epoch's running mean, as Model.fit logs it) is the same under
+    every strategy, and its per-replica means over the 4 equal shards average to it."""
+    whole = history(runner, f"mirrored4-{executor}", "top2")
+    shards = np.array([history(runner, f"mirrored4-{executor}", f"top2/replica_{i}") for i in range(4)])
+    assert len(whole) == 16 and not np.allclose(shards[0], shards[1])  # logged every step; the shards really differ
+    np.testing.assert_allclose(shards.mean(axis=0), whole, rtol=1e-6)
+    for strategy in ["default", "one_device", "mwms_single", *(["central_storage"] if executor == "fit" else [])]:
+        np.testing.assert_allclose(history(runner, f"{strategy}-{executor}", "top2"), whole, atol=1e-6, err_msg=strategy)
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "central_storage-fit")
+    assert "top2/replica_0" not in run.data.metrics  # one copy of each metric variable there: no replica's own
+
+
+def test_own_metric_on_the_eval_split_is_what_numpy_computes_from_the_saved_model(matrix, runner):
+    from runner.sources import in_memory
+
+    arrays = in_memory.load(composed(*FAST).data)
+    for name in ["default-fit", "mirrored4-custom_loop", "central_storage-fit"]:
+        import tf_keras
+
+        model = tf_keras.models.load_model(matrix[name].run_dir / "model.keras", compile=False)
+        logits = model.predict(arrays.x_eval, verbose=0)
+        ahead = (logits > logits[np.arange(len(logits)), arrays.y_eval.astype(int)][:, None]).sum(axis=1)
+        _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
+        assert run.data.metrics["eval/top2"] == pytest.approx(np.mean(ahead < 2), abs=1e-6), name

@@ -184,11 +184,12 @@ def test_readmes_yaml_composes_and_validates():
     import re
 
     readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("### Your own loss and optimizer", 1)[1].split("\n### ", 1)[0]
+    section = readme.split("### Your own loss, metrics and optimizer", 1)[1].split("\n### ", 1)[0]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     cfg = OmegaConf.merge(composed(), OmegaConf.create(block))
     validate.check_config(cfg)
     assert cfg.train.loss._target_ == "my_losses.smoothed_crossentropy" and cfg.train.optimizer.kwargs.beta_1 == 0.95
+    assert cfg.train.optimizer.schedule.kwargs.decay_rate == 0.5
 
 
 def test_a_loss_of_several_numbers_per_example_is_refused(tf):

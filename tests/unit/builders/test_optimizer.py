@@ -120,3 +120,100 @@ def test_bad_settings_are_refused_before_tensorflow(key, value, said):
     with pytest.raises(ConfigError) as err:
         validate.check_config(cfg)
     assert said in str(err.value)
+
+
+def own_schedule_cfg(target, kwargs, optimizer_target=None):
+    cfg = optimizer_cfg(lr=0.5)
+    cfg.schedule._target_, cfg.schedule.kwargs = target, kwargs
+    if optimizer_target:
+        cfg._target_ = optimizer_target
+    return cfg
+
+
+@pytest.mark.parametrize("flavor", ["tf_keras", "keras"])
+def test_ones_own_schedule_is_what_each_update_applies_and_what_is_logged(flavor):
+    """train.optimizer.schedule._target_ (a Keras LearningRateSchedule class, with its kwargs): SGD on loss = w moves w
+    by the rate of ExponentialDecay's formula, the k-th update at step k-1, and the logged rate (scheduled) is the same;
+    train.optimizer.learning_rate (0.5 here) does not apply."""
+    import importlib
+
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow as tf
+
+    from runner.builders.optimizer import build_optimizer, scheduled
+
+    keras = importlib.import_module(flavor)
+    kwargs = {"initial_learning_rate": 0.2, "decay_steps": 3, "decay_rate": 0.5}
+    for cfg in (
+        own_schedule_cfg(f"{flavor}.optimizers.schedules.ExponentialDecay", kwargs),
+        own_schedule_cfg(f"{flavor}.optimizers.schedules.ExponentialDecay", kwargs, f"{flavor}.optimizers.SGD"),
+    ):
+        optimizer = build_optimizer(cfg, total_steps=10, keras=keras)
+        w = tf.Variable(0.0) if flavor == "tf_keras" else keras.Variable(0.0)
+        moves = []
+        for _ in range(6):
+            w.assign(0.0)
+            optimizer.apply_gradients([(tf.constant(1.0), w)])
+            moves.append(-float(np.asarray(w.numpy())))
+        expected = [0.2 * 0.5 ** (k / 3) for k in range(6)]
+        np.testing.assert_allclose(moves, expected, rtol=1e-5)
+        logged = scheduled(cfg, 10, keras)
+        np.testing.assert_allclose([logged(step - 1) for step in range(1, 7)], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "target, kwargs, flavor, said",
+    [
+        ("tf_keras.optimizers.schedules.ExponentialDecayy", {}, "tf_keras", "cannot be imported"),
+        (
+            "tf_keras.optimizers.schedules.ExponentialDecay",
+            {"initial_rate": 0.1},
+            "tf_keras",
+            "does not accept the arguments ['initial_rate']",
+        ),
+        (
+            "keras.optimizers.schedules.CosineDecay",
+            {"initial_learning_rate": 0.1, "decay_steps": 5},
+            "tf_keras",
+            "a schedule of keras, not a tf_keras LearningRateSchedule",
+        ),
+        ("tf_keras.optimizers.SGD", {}, "tf_keras", "not a tf_keras LearningRateSchedule"),
+        (
+            "tf_keras.optimizers.schedules.PiecewiseConstantDecay",
+            {"boundaries": [2], "values": [-0.1, 0.1]},
+            "tf_keras",
+            "gives a learning rate of -0.1",
+        ),
+    ],
+)
+def test_a_schedule_that_cannot_be_used_is_one_paragraph_naming_the_key(target, kwargs, flavor, said):
+    import importlib
+
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    from runner.builders.optimizer import build_optimizer
+
+    cfg = own_schedule_cfg(target, kwargs)
+    with pytest.raises(ConfigError) as err:
+        build_optimizer(cfg, keras=importlib.import_module(flavor))
+    assert said in str(err.value) and "train.optimizer.schedule._target_=" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["train.optimizer.schedule.kwargs={decay_steps:3}"], "train.optimizer.schedule._target_ is not set"),
+        (["train.optimizer.schedule._target_=x.Y", "train.optimizer.schedule.kwargs=[1]"], "is not a mapping"),
+        (
+            ["train.optimizer.schedule._target_=x.Y", "train.optimizer.schedule.warmup_steps=5"],
+            "schedule.warmup_steps=5 is a key of the built-in",
+        ),
+        (
+            ["train.optimizer.schedule._target_=x.Y", "train.optimizer.schedule.name=cosine"],
+            "leave train.optimizer.schedule.name out",
+        ),
+    ],
+)
+def test_the_shape_of_ones_own_schedule_is_checked_before_tensorflow(overrides, said):
+    with pytest.raises(ConfigError) as err:
+        validate.check_config(composed(*overrides))
+    assert said in str(err.value)
