@@ -197,7 +197,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     check_user_loss(loss, model, arrays, keras)  # a user's train.loss that cannot train is refused before the first step
     watched = train.early_stopping.monitor if train.early_stopping.patience is not None or cfg.checkpoint.keep_best else None
     # so are train.metrics (and a monitor none of them is)
-    check_metrics(train.metrics, loss, model, arrays, watched, strategy, train.accumulation_steps)
+    check_metrics(train.metrics, loss, model, arrays, watched, strategy, train.accumulation_steps, train.early_stopping.mode)
     saves = strategy.extended.should_checkpoint  # TensorFlow's rule: this task writes checkpoints and the model
     if saves != cluster.is_chief:  # the MLflow run was started (or not) on layout.is_chief, before the strategy existed
         log.warning("%s: TensorFlow says should_checkpoint=%s, the runner's rule said %s", cluster.task, saves, cluster.is_chief)

@@ -28,7 +28,10 @@ KINDS = (
     "Give a tf_keras Metric class (tf_keras.metrics.AUC or your subclass), a function (y_true, y_pred, **arguments) "
     "returning one value per example, or a function that returns either."
 )
-NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # one word: '/' is the runner's (eval/..., loss/replica_i, train/...)
+# one word, not starting with '.' (MLflow refuses '.' and '..' as keys): '/' is the runner's (eval/..., loss/replica_i)
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+MAXIMISED = ("accuracy", "auc", "precision", "recall")  # early stopping's mode=auto: a name ending so is maximised
+INTERNAL = {"replica_losses": "Model.fit's own per-replica losses key in this run"}  # fit's logs carry it
 
 
 def specs_of(value) -> list[dict]:
@@ -94,6 +97,7 @@ def _one(spec: dict, key: str):
             ) from None
         obj = tf_keras.metrics.MeanMetricWrapper(fn, name=str(name), **kwargs)
     else:
+        name = kwargs.pop("name", None) if "name" in kwargs and not _takes(fn, "name") else None
         try:
             obj = fn(**kwargs)
         except (TypeError, ValueError) as err:
@@ -102,7 +106,13 @@ def _one(spec: dict, key: str):
             ) from None
         # a function made by the factory (not any callable object: a Keras loss is callable too, and no metric)
         if (inspect.isroutine(obj) or isinstance(obj, functools.partial)) and _per_example_function(obj, {}):
-            obj = tf_keras.metrics.MeanMetricWrapper(obj, name=getattr(obj, "__name__", "metric"))
+            own = getattr(obj, "__name__", None) or getattr(getattr(obj, "func", None), "__name__", "metric")
+            obj = tf_keras.metrics.MeanMetricWrapper(obj, name=str(name or own))
+        elif name is not None:
+            raise ConfigError(
+                f"{what} does not take name={name!r} and gave {type(obj).__name__}: give the name to what makes the "
+                f"metric, or leave {key}.name out (the metric's own name is then logged)."
+            )
     if not isinstance(obj, tf_keras.metrics.Metric):
         keras3 = type(obj).__module__.split(".")[0] == "keras"
         why = (
@@ -115,6 +125,15 @@ def _one(spec: dict, key: str):
     return obj
 
 
+def _takes(fn, arg: str) -> bool:
+    """Whether `fn` accepts the keyword `arg` (or any keyword)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == arg or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def is_per_example(metric) -> bool:
     """A mean over examples (a per-example function wrapped): one per replica makes sense."""
     import tf_keras
@@ -122,7 +141,9 @@ def is_per_example(metric) -> bool:
     return isinstance(metric, tf_keras.metrics.MeanMetricWrapper)
 
 
-def check_metrics(specs, loss, model, data, monitor: str | None, strategy=None, accumulation_steps: int = 1) -> None:
+def check_metrics(
+    specs, loss, model, data, monitor: str | None, strategy=None, accumulation_steps: int = 1, mode: str = "auto"
+) -> None:
     """train.metrics made outside any strategy and run once on two examples (the data's first two, or zeros shaped
     like them), before the first step: a name taken twice or by the runner, a function with one value per batch, or
     a metric that fails on the model's output is one paragraph here, not TensorFlow's trace inside the step.
@@ -133,15 +154,18 @@ def check_metrics(specs, loss, model, data, monitor: str | None, strategy=None, 
     _check_strategy(strategy, accumulation_steps)
     import numpy as np
 
-    taken = {"loss": "the loss", **{n: "the built-in metric" for n in builtin_names(loss)}}
+    taken = {"loss": "the loss", **INTERNAL, **{n: "the built-in metric" for n in builtin_names(loss)}}
+    import tensorflow as tf
+
     x, y = getattr(data, "x_train", None), getattr(data, "y_train", None)
-    if x is None or y is None or len(x) < 2:
+    real = x is not None and y is not None and len(x) >= 2  # else zeros shaped like the data: a failure may be theirs
+    if not real:
         x = np.zeros((2, *data.input_shape), np.float32)
         y = np.zeros((2,), np.int64) if data.task == "classification" else np.zeros((2, data.num_outputs), np.float32)
     y_pred = model(x[:2], training=False)
     for i, metric in enumerate(build_own(specs)):
         key, name = f"{KEY}[{i}]", metric.name
-        if not NAME.match(name):
+        if not NAME.match(name) or ".." in name:
             raise ConfigError(
                 f"{key} is named {name!r}: a metric's name is one word of letters, digits and _ . - ('/' is the "
                 f"runner's: eval/{name} and {name}/replica_<i> are made from it). Give it name: <word>."
@@ -156,6 +180,8 @@ def check_metrics(specs, loss, model, data, monitor: str | None, strategy=None, 
             metric.update_state(y[:2], y_pred)
             float(metric.result())
         except Exception as err:  # noqa: BLE001  (the user's metric on the model's output: said in one line)
+            if not real:
+                continue  # the probe's own zeros: the step, on the real batches, says what is wrong
             raise ConfigError(
                 f"{key}._target_={specs[i].get('_target_')!r} failed on the model's output for two examples "
                 f"(outputs of shape {tuple(y_pred.shape)}, labels of shape {tuple(np.shape(y[:2]))}): {_said(err)}. "
@@ -167,11 +193,31 @@ def check_metrics(specs, loss, model, data, monitor: str | None, strategy=None, 
                 "runner averages a function's values over the examples (and per replica), so a batch mean would "
                 "weigh batches of different sizes alike. Return the value of each example (shape [batch])."
             )
-    if monitor and monitor.startswith("eval/") and monitor[len("eval/") :] not in taken:
+        traced = build_own([specs[i]])[0]  # the step traces it: Python or NumPy on its tensors fails only there
+
+        def update(labels, outputs, metric=traced):
+            metric.update_state(labels, outputs)
+
+        try:
+            tf.function(update)(tf.constant(y[:2]), tf.constant(y_pred))
+        except Exception as err:  # noqa: BLE001
+            raise ConfigError(
+                f"{key}._target_={specs[i].get('_target_')!r} works on plain values but fails inside the traced training "
+                f"step: {_said(err)}. Write it with TensorFlow ops on its inputs (no .numpy(), NumPy or Python math)."
+            ) from None
+    evaluated = [n for n in taken if n not in INTERNAL]
+    if monitor and monitor.startswith("eval/") and monitor[len("eval/") :] not in evaluated:
         raise ConfigError(
             f"train.early_stopping.monitor={monitor} is not among this run's evaluation metrics "
-            f"({', '.join(f'eval/{n}' for n in taken)}): set it to one of them; nothing was trained."
+            f"({', '.join(f'eval/{n}' for n in evaluated)}): set it to one of them; nothing was trained."
         )
+    if monitor and mode == "auto" and monitor[len("eval/") :] in taken and taken[monitor[len("eval/") :]].startswith(KEY):
+        if not monitor.endswith(MAXIMISED):
+            raise ConfigError(
+                f"train.early_stopping.monitor={monitor} is your own metric, and train.early_stopping.mode=auto cannot "
+                f"tell whether it improves upwards (auto is max only for names ending in {', '.join(MAXIMISED)}): set "
+                "train.early_stopping.mode=max or min; nothing was trained."
+            )
 
 
 def _check_strategy(strategy, k: int) -> None:
@@ -181,10 +227,13 @@ def _check_strategy(strategy, k: int) -> None:
         return
     import tensorflow as tf
 
-    if isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy):
+    central = isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+    ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    if (central or ps) and strategy.num_replicas_in_sync > 1:  # variables aggregated across this worker's replicas
         raise ConfigError(
-            f"{KEY} with train.accumulation_steps={k} under CentralStorageStrategy: its metric variables live on the "
-            "parameter device, so updating them from inside the accumulation's loop of micro-batches is a "
+            f"{KEY} with train.accumulation_steps={k} under {type(strategy).__name__} over "
+            f"{strategy.num_replicas_in_sync} replicas: its metric variables live on the parameter device, so updating "
+            "them from inside the accumulation's loop of micro-batches is a "
             "cross-replica merge, which TensorFlow does not allow in a loop (merge_call inside tf.while_loop). Use "
             f"strategy=mirrored (the same update), train.accumulation_steps=1, or leave {KEY} out; nothing was trained."
         )
@@ -207,10 +256,12 @@ def per_replica(strategy, metrics) -> dict[str, float]:
     found = {}
     if strategy.num_replicas_in_sync < 2:
         return found
+    import tensorflow as tf
+
     local = strategy.experimental_local_results
     for metric in metrics:
-        if not is_per_example(metric):
-            continue
+        if not is_per_example(metric) or metric.total.synchronization != tf.VariableSynchronization.ON_READ:
+            continue  # on-write copies (TPU) all hold the global value
         totals, counts = local(metric.total), local(metric.count)
         if len(totals) != strategy.num_replicas_in_sync:
             return {}

@@ -208,10 +208,19 @@ def _user_schedule(cfg, keras=None):
             f"{what} gave {type(schedule).__module__}.{type(schedule).__name__}{theirs} not a {keras.__name__} "
             f"LearningRateSchedule, which the model's optimizer ({keras.__name__}) needs. {kinds}"
         )
+    import tensorflow as tf
+
     try:
         first = float(schedule(0))
     except Exception as err:  # noqa: BLE001  (the user's schedule at step 0: said in one line)
         raise ConfigError(f"{what} failed at step 0: {reason(err)}. Check train.optimizer.schedule.kwargs.") from None
+    try:  # the optimizer calls it inside the traced step, where Python or NumPy on the step fails
+        tf.function(schedule)(tf.constant(0, tf.int64))
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(
+            f"{what} works on a plain step but fails inside the traced training step: {reason(err)}. Write it with "
+            "TensorFlow ops on its step (no .numpy(), NumPy or Python math)."
+        ) from None
     if not math.isfinite(first) or first < 0:
         raise ConfigError(f"{what} gives a learning rate of {first} at step 0: it must be finite and not negative.")
     return schedule

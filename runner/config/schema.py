@@ -103,7 +103,7 @@ class TrainConfig:
     loss: Any = choice(Loss, "auto", target=True)
     # your own metrics beside the loss: [{_target_: a tf_keras Metric class, or a per-example function (y_true,
     # y_pred), plus its arguments}]; logged as <name>, eval/<name> and <name>/replica_<i> (runner.builders.metrics)
-    metrics: list[Any] = field(default_factory=list)
+    metrics: Any = None  # null: none; Any (not a list), so that a value that is no list gets the runner's paragraph
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)

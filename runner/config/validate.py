@@ -234,7 +234,14 @@ def own_objects(cfg):
             f"train.loss={OmegaConf.to_yaml(loss, resolve=False).strip()!r} has no `_target_`: give a built-in name "
             f"({', '.join(choices(Loss))}) or your own loss as {{_target_: mypkg.losses.MyLoss, <its arguments>}}."
         )
-    for i, spec in enumerate(cfg.train.get("metrics") or []):
+    metrics = cfg.train.get("metrics")
+    if metrics is not None and not isinstance(metrics, ListConfig):
+        shown = OmegaConf.to_yaml(metrics, resolve=False).strip() if isinstance(metrics, DictConfig) else metrics
+        raise ConfigError(
+            f"train.metrics={shown!r} is not a list: give your metrics in brackets, even one, as "
+            "'train.metrics=[{_target_:tf_keras.metrics.AUC,from_logits:true}]'."
+        )
+    for i, spec in enumerate(metrics or []):
         if not isinstance(spec, DictConfig) or not isinstance(spec.get("_target_"), str):
             shown = OmegaConf.to_yaml(spec, resolve=False).strip() if isinstance(spec, DictConfig) else spec
             raise ConfigError(

@@ -279,9 +279,14 @@ def check_loss(job: Job, loss: float, step: int, recovered: int = 0) -> None:
     )
     most = job.train.recovery.max_recoveries
     tried = f" after {recovered} recovery(ies) from a checkpoint (train.recovery.max_recoveries={most})" if recovered else ""
+    opt = job.train.optimizer
+    own = getattr(getattr(opt, "schedule", None), "_target_", None)
+    rate = f"train.optimizer.learning_rate (now {opt.learning_rate:g})"
+    if own:
+        rate = f"the rates of train.optimizer.schedule._target_={own}"
     raise TrainingError(
-        f"the training loss {what} by step {step}{tried}; training stopped. {kept}Lower "
-        f"train.optimizer.learning_rate (now {job.train.optimizer.learning_rate:g}), or check the data for NaN/inf values."
+        f"the training loss {what} by step {step}{tried}; training stopped. {kept}Lower {rate}, or check the data for "
+        "NaN/inf values."
     )
 
 

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 
+from runner.builders.metrics import MAXIMISED
 from runner.config.schema import Mode
 from runner.errors import ConfigError
 
@@ -24,7 +25,7 @@ STATE_FILE = "best.json"  # in the checkpoint directory
 def direction(monitor: str, mode: str) -> str:
     if mode != Mode.auto:
         return str(mode)
-    return "max" if monitor.rsplit("/", 1)[-1] in ("accuracy", "auc", "precision", "recall") else "min"
+    return "max" if monitor.endswith(MAXIMISED) else "min"
 
 
 class Watch:

@@ -15,3 +15,16 @@ def batch_true_class_probability(y_true, y_pred):
     import tensorflow as tf
 
     return tf.reduce_mean(true_class_probability(y_true, y_pred))
+
+
+def numpy_true_class_probability(y_true, y_pred):
+    """A mistake the runner refuses: NumPy on the tensors works eagerly, not in the traced training step."""
+    import numpy as np
+
+    p = np.exp(y_pred.numpy())
+    return (p / p.sum(axis=1, keepdims=True))[np.arange(len(p)), np.asarray(y_true).astype(int)]
+
+
+def sharpened(temperature):
+    """A factory returning a per-example function (its name is given beside it: name: sharp)."""
+    return lambda y_true, y_pred: true_class_probability(y_true, y_pred, temperature=temperature)

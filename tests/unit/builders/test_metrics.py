@@ -109,7 +109,7 @@ def test_a_metric_that_cannot_be_made_is_one_paragraph_naming_the_entry(tf, spec
     assert "\n" not in str(err.value) and "Traceback" not in str(err.value)
 
 
-def _probe(specs, monitor=None, loss="sparse_categorical_crossentropy"):
+def _probe(specs, monitor=None, loss="sparse_categorical_crossentropy", mode="auto"):
     import tf_keras
 
     from runner.builders.metrics import check_metrics
@@ -117,7 +117,7 @@ def _probe(specs, monitor=None, loss="sparse_categorical_crossentropy"):
 
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(3)])
     x, y = np.zeros((4, 3), np.float32), np.array([0, 1, 1, 2])
-    check_metrics(specs, loss, model, ArrayData(x, y, x, y, task="classification", num_classes=3), monitor)
+    check_metrics(specs, loss, model, ArrayData(x, y, x, y, task="classification", num_classes=3), monitor, mode=mode)
 
 
 @pytest.mark.parametrize(
@@ -133,6 +133,10 @@ def _probe(specs, monitor=None, loss="sparse_categorical_crossentropy"):
         ([{**TOP2, "name": "top/2"}], None, "a metric's name is one word"),
         ([{"_target_": "tf_keras.metrics.AUC", "from_logits": True}], None, "failed on the model's output for two examples"),
         ([TOP2], "eval/auc", "train.early_stopping.monitor=eval/auc is not among this run's evaluation metrics"),
+        ([TOP2], "eval/top2", "train.early_stopping.mode=auto cannot tell whether it improves upwards"),
+        ([{"_target_": "my_metrics.numpy_true_class_probability"}], None, "fails inside the traced training step"),
+        ([{**TOP2, "name": "replica_losses"}], None, "which Model.fit's own per-replica losses key"),
+        ([{**TOP2, "name": ".."}], None, "a metric's name is one word"),
     ],
 )
 def test_the_probe_before_the_first_step_refuses_what_cannot_be_logged(tf, specs, monitor, said):
@@ -142,7 +146,7 @@ def test_the_probe_before_the_first_step_refuses_what_cannot_be_logged(tf, specs
 
 
 def test_the_probe_passes_what_can_be_logged(tf):
-    _probe([TRUE_CLASS, TOP2], "eval/top2")
+    _probe([TRUE_CLASS, TOP2], "eval/top2", mode="max")
     _probe(
         [{**TOP2, "name": "accuracy"}], "eval/accuracy", loss={"_target_": "my_losses.smoothed_crossentropy"}
     )  # no built-in accuracy then
@@ -153,6 +157,8 @@ def test_the_probe_passes_what_can_be_logged(tf):
     [
         (["train.metrics=[auc]"], "train.metrics[0]='auc' has no `_target_`"),
         (["train.metrics=[{from_logits:true}]"], "has no `_target_`"),
+        (["train.metrics=mae"], "train.metrics='mae' is not a list"),
+        (["train.metrics={_target_:tf_keras.metrics.AUC}"], "is not a list: give your metrics in brackets, even one"),
         (
             ["train.early_stopping.patience=2", "train.early_stopping.monitor=eval/top2"],
             "or eval/<name> of one of your own train.metrics",
@@ -188,12 +194,44 @@ def test_readmes_yaml_composes_and_validates():
 
 
 def test_metrics_with_accumulation_under_central_storage_are_refused(tf):
-    """Their update from inside the accumulation's tf.while_loop would be a merge_call in a loop, which TensorFlow
-    refuses when the step is traced (seen under a real CentralStorageStrategy, tests/e2e/test_keras3.py's row)."""
-    from runner.builders.metrics import _check_strategy
+    """Over two replicas (two compute devices of one CPU: a real CentralStorageStrategy), a metric updated inside a
+    loop in replica context is a merge_call TensorFlow refuses when the step is traced, so the runner refuses the
+    combination before the first step; over one replica, and under other strategies, it is left alone."""
+    from runner.builders.metrics import _check_strategy, build_own
 
-    strategy = tf.distribute.experimental.CentralStorageStrategy()
-    with pytest.raises(ConfigError, match="train.accumulation_steps=2 under CentralStorageStrategy"):
+    strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:0"])
+    with strategy.scope():
+        metric = build_own([TOP2])[0]
+
+    @tf.function
+    def step():
+        def replica():
+            def body(i):
+                metric.update_state(tf.constant(LABELS[:2]), tf.constant(LOGITS[:2]))
+                return i + 1
+
+            tf.while_loop(lambda i: i < 2, body, [tf.constant(0)])
+
+        strategy.run(replica)
+
+    with pytest.raises(RuntimeError, match="merge_call"):
+        step()
+    with pytest.raises(ConfigError, match="train.accumulation_steps=2 under CentralStorageStrategy over 2 replicas"):
         _check_strategy(strategy, 2)
     _check_strategy(strategy, 1)
+    _check_strategy(tf.distribute.experimental.CentralStorageStrategy(), 2)  # one replica: no merge
     _check_strategy(tf.distribute.get_strategy(), 4)
+
+
+def test_a_factory_of_a_function_takes_the_name_given_beside_it(tf, tmp_path, monkeypatch):
+    factory = "import tf_keras\ndef top(k):\n    return tf_keras.metrics.SparseTopKCategoricalAccuracy(k=k)\n"
+    (tmp_path / "my_tops.py").write_text(factory)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from runner.builders.metrics import build_own
+
+    (sharp,) = build_own([{"_target_": "my_metrics.sharpened", "temperature": 0.5, "name": "sharp"}])
+    sharp.update_state(LABELS, LOGITS)
+    assert sharp.name == "sharp"
+    assert float(sharp.result()) == pytest.approx(_softmax(LOGITS / 0.5)[np.arange(4), LABELS].mean(), rel=1e-6)
+    with pytest.raises(ConfigError, match="does not take name='x' and gave SparseTopKCategoricalAccuracy"):
+        build_own([{"_target_": "my_tops.top", "k": 2, "name": "x"}])

@@ -217,3 +217,18 @@ def test_the_shape_of_ones_own_schedule_is_checked_before_tensorflow(overrides, 
     with pytest.raises(ConfigError) as err:
         validate.check_config(composed(*overrides))
     assert said in str(err.value)
+
+
+def test_a_schedule_of_python_math_on_its_step_is_refused_before_the_step_traces_it(tmp_path, monkeypatch):
+    (tmp_path / "my_schedules.py").write_text(
+        "import math, tf_keras\n"
+        "class Mathy(tf_keras.optimizers.schedules.LearningRateSchedule):\n"
+        "    def __call__(self, step):\n        return 0.1 * math.exp(-float(step) / 100)\n"
+        "    def get_config(self):\n        return {}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    from runner.builders.optimizer import build_optimizer
+
+    with pytest.raises(ConfigError, match="works on a plain step but fails inside the traced training step"):
+        build_optimizer(own_schedule_cfg("my_schedules.Mathy", {}))
