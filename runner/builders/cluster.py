@@ -9,7 +9,7 @@ tasks instead.)
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
@@ -37,6 +37,19 @@ class TFConfigClusterConfig(ClusterConfig):
 
 
 @dataclass
+class ElasticConfig:
+    """Elastic multi-worker training (runner.launch.elastic): a lost worker costs the steps since the last checkpoint,
+    not the run. The launcher restarts the tasks that remain from that checkpoint, with the same global batch."""
+
+    enabled: bool = False
+    min_workers: int = ranged(1, ge=1)  # fewer left than this ends the job (exit 3), as a loss does without elasticity
+    max_restarts: int = ranged(3, ge=0)  # the losses a job trains through; the next one ends it (exit 3)
+    # a lost worker's slot is started again this long after the loss, and the job grows back to its full size at the
+    # first checkpoint the smaller job writes after that
+    rejoin_after_sec: float | None = ranged(10.0, ge=0, null="the job stays at its smaller size")
+
+
+@dataclass
 class LocalhostClusterConfig(ClusterConfig):
     workers: int = ranged(2, ge=1)
     ps: int = ranged(0, ge=0)  # parameter_server: number of ps tasks (1 or more)
@@ -45,6 +58,7 @@ class LocalhostClusterConfig(ClusterConfig):
     failure_grace_sec: float = ranged(5.0, ge=0)  # after a task dies, how long the others get to exit before they are killed
     stop_grace_sec: float = ranged(60.0, ge=0)  # on Ctrl-C or SIGTERM: how long trainers get to write their checkpoint
     restart_workers: int = ranged(3, ge=0)  # parameter_server: restart a dead worker or ps task up to this many times
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # multi_worker_mirrored: train through a lost worker
 
 
 @dataclass

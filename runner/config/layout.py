@@ -89,6 +89,19 @@ def tf_config_chief(strategy_name: str, tf_config: str | None) -> bool:
         return False
 
 
+def latest_checkpoint_step(directory: str | None) -> int | None:
+    """The step of the newest complete checkpoint in `directory`, from its index file (no TensorFlow here): TensorFlow
+    writes the index after the checkpoint's files, so what it names is whole."""
+    if not directory:
+        return None
+    try:
+        with open(os.path.join(directory, "checkpoint")) as f:
+            latest = f.readline().split(":", 1)[1].strip().strip('"')
+        return int(latest.rsplit("-", 1)[-1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def checkpoint_note(directory: str | None) -> str:
     """'the latest checkpoint is step N in DIR', from the checkpoint index file (no TensorFlow here)."""
     if not directory:

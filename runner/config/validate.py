@@ -295,6 +295,40 @@ def own_objects(cfg):
 
 
 @check
+def elastic(cfg):
+    """cluster.elastic: where the launcher can restart a multi-worker job at another size (runner.launch.elastic)."""
+    settings = cfg.cluster.elastic if "elastic" in cfg.cluster.keys() else None  # (get, in: OmegaConf raises inside)
+    if not settings or not settings.enabled:
+        return
+    where = f"cluster.elastic.enabled=true (cluster={cfg.cluster.name}, strategy={cfg.strategy.name})"
+    if cfg.cluster.name != "localhost":
+        raise ConfigError(
+            f"{where}: elastic training is launched by cluster=localhost so far (its launcher restarts the tasks); "
+            "use cluster=localhost, or cluster.elastic.enabled=false."
+        )
+    if cfg.strategy.name != "multi_worker_mirrored":
+        raise ConfigError(
+            f"{where}: elastic training restarts a multi_worker_mirrored job at another size; a parameter_server job "
+            "already trains through a lost worker (the coordinator reschedules its steps, cluster.restart_workers). "
+            "Use strategy=multi_worker_mirrored, or cluster.elastic.enabled=false."
+        )
+    if settings.min_workers > cfg.cluster.workers:
+        raise ConfigError(
+            f"cluster.elastic.min_workers={settings.min_workers} is above the job's cluster.workers={cfg.cluster.workers}: "
+            "the job could never start. Set cluster.elastic.min_workers to at most cluster.workers."
+        )
+    if not cfg.checkpoint.enabled:
+        raise ConfigError(
+            f"{where} goes on from the last checkpoint after a loss, and checkpoint.enabled=false writes none: set "
+            "checkpoint.enabled=true (checkpoint.every_n_steps bounds the steps a loss costs)."
+        )
+    if cfg.cluster.evaluator:
+        raise ConfigError(
+            f"{where} with cluster.evaluator=true: the side-car evaluator follows one generation of tasks; leave one of them out."
+        )
+
+
+@check
 def recovery(cfg):
     n = cfg.train.recovery.max_recoveries
     if not isinstance(n, int) or n <= 0:

@@ -27,6 +27,7 @@ from runner.control import procs
 ATTACH_RUN = "RUNNER_MLFLOW_RUN_ID"
 LAUNCH_ID = "RUNNER_LAUNCH_ID"
 TASK_ROLE = "RUNNER_TASK_ROLE"
+ELASTIC = "RUNNER_ELASTIC"  # set by the elastic launcher: a task that loses a peer is restarted, not the user's to resume
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"

@@ -8,6 +8,7 @@ task when the job ends, fails or is interrupted. No TensorFlow is imported in th
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,10 +23,13 @@ from omegaconf import DictConfig
 from runner.config import layout
 from runner.control import contract, procs, stopping
 from runner.errors import ClusterError, ConfigError
+from runner.launch import elastic
+from runner.launch.elastic import TaskLost
 from runner.tracking.run import mlflow_run, where_line
 
 log = logging.getLogger("runner")
 POLL_SEC = 0.2
+PROGRESS = re.compile(r"\] epoch (\d+)/\d+ step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
 
 
 def free_ports(n: int) -> list[int]:
@@ -76,6 +80,7 @@ class Task:
     restarts: int = 0
     pumps: list[threading.Thread] = field(default_factory=list)
     notified: bool = False  # it said it received SIGINT/SIGTERM itself (its peers stop because it did)
+    step: int | None = None  # the global step of its last progress line (the elastic launcher's record of a loss)
 
     @property
     def name(self) -> str:
@@ -100,6 +105,10 @@ class Task:
             for line in proc.stdout:
                 if stopping.NOTICE in line:
                     self.notified = True
+                progress = PROGRESS.search(line)
+                if progress:
+                    epoch, step, per_epoch = (int(g) for g in progress.groups())
+                    self.step = (epoch - 1) * per_epoch + step
                 with lock:
                     sys.stdout.write(f"[{self.name}] {line}")
                     sys.stdout.flush()
@@ -193,6 +202,7 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, sp
                 contract.ATTACH_RUN: run_id,
                 contract.LAUNCH_ID: launch_id,
                 contract.TASK_ROLE: layout.task_role(cfg.strategy.name, job),
+                **({contract.ELASTIC: "1"} if elastic.enabled(cfg) else {}),
             },
         )
         run_dir = layout.task_dir(out, job, i)
@@ -220,15 +230,18 @@ def _has_checkpoints(cfg) -> bool:
     return os.path.isdir(directory) and any(os.scandir(directory))
 
 
-def supervise(tasks: list[Task], cfg) -> None:
+def supervise(tasks: list[Task], cfg, tick=None) -> None:
     """Run until every trainer exits 0. A dead server task is restarted (parameter_server recovers);
-    any other task that fails stops the whole cluster with an error naming it."""
+    any other task that fails stops the whole cluster with an error naming it (TaskLost for a trainer). `tick`:
+    called at every poll (the elastic launcher's watch; it may raise to end this supervision)."""
     lock = threading.Lock()
     for t in tasks:
         t.start(lock)
     trainers = _trainers(tasks)
     while True:
         time.sleep(POLL_SEC)
+        if tick is not None:
+            tick()
         for t in tasks:
             code = t.proc.poll()
             if code is None or (code == 0 and not t.is_server):
@@ -257,11 +270,12 @@ def supervise(tasks: list[Task], cfg) -> None:
                     f"{f.run_dir}/runner.log and {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to continue "
                     "from the last checkpoint."
                 )
-            raise ClusterError(
+            message = (
                 f"task {t.name} (pid {t.proc.pid}) stopped: {t.exit_note(code)}. The other tasks were stopped. "
                 f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "
                 "continue from the last checkpoint."
             )
+            raise TaskLost(message, t, t.exit_note(code)) if t in trainers else ClusterError(message)
         if all(t.proc.poll() == 0 for t in trainers):
             evaluators = [t for t in tasks if t.type == "evaluator"]
             for t in evaluators:  # it ends by itself after the last checkpoint
@@ -289,7 +303,11 @@ def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "1
         )
         run.set_tags({"cluster.tasks": ",".join(t.name for t in tasks)})
         try:
-            supervise(tasks, cfg)
+            if elastic.enabled(cfg):  # tasks is updated in place at each resize
+                rebuild = lambda n: make_tasks(elastic.resized(cfg, n), overrides, run.run_id, run.tracking_uri)  # noqa: E731
+                elastic.supervise(tasks, cfg, rebuild, run, supervise, stop_all, _trainers, wait_for)
+            else:
+                supervise(tasks, cfg)
         except (KeyboardInterrupt, stopping.Stopped) as err:
             log.warning(
                 "stopping: every task gets up to %gs (cluster.stop_grace_sec) to write its checkpoint", cfg.cluster.stop_grace_sec

@@ -12,9 +12,11 @@ Without the coordination service the strategy's own health check aborts them (`c
 left alone.
 """
 
+import os
 import re
 
 from runner.config import layout
+from runner.control import contract
 from runner.errors import ClusterError
 
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError", "InternalError")
@@ -64,6 +66,11 @@ def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoi
     else:
         return None
     who = ", ".join(f"{t} ({_address_of(t, jobs)})" for t in lost) if lost else "a peer task (TensorFlow did not say which)"
+    if os.environ.get(contract.ELASTIC):  # the launcher restarts the job without the lost task (runner.launch.elastic)
+        return ClusterError(
+            f"task {me} lost contact with {who}: it {how} ({type(err).__name__}); stopping for the elastic launcher, "
+            f"which goes on without it ({layout.checkpoint_note(checkpoint_dir)})."
+        )
     resume = f" resume={output_dir}" if output_dir else " resume=<its output directory>"
     return ClusterError(
         f"task {me} lost contact with {who}: it {how}, so training stopped ({type(err).__name__}). A network link "

@@ -24,6 +24,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -86,6 +87,8 @@ def kind_of(tokens):
             "the fast tier: every test it selects is also in the suite's own command, which runs them all; "
             "running it from inside the suite would run them twice"
         )
+    if tokens[0] == "pkill":
+        return "elastic-kill", None  # run by README's elastic command's test, while that job trains (run_elastic)
     if tokens[0] == "srun":
         return "srun", None  # on the `slurm` fixture's one-machine cluster (conftest.py), skipped where it cannot start
     if tokens[0] == "tfds":
@@ -132,6 +135,8 @@ def kind_of(tokens):
         return "tpu", None  # runs: without a TPU README promises an error within seconds
     if "cluster=ray" in args:
         return "ray", None  # starts its own local Ray head, as README says: run on its own (tests/e2e/test_ray.py for the rest)
+    if "cluster.elastic.enabled=true" in args:
+        return "elastic", None  # a 3-worker job that README's pkill command makes lose worker:1 (run_elastic)
     if "cluster=localhost" in args:
         return ("resume" if any(a.startswith("resume=") for a in args) else "cluster"), None
     if tokens[0].startswith("PYTHONPATH="):
@@ -306,6 +311,73 @@ def check_cluster(scratch, args, result):
         assert any(m.startswith("sidecar/eval_") for m in metrics), sorted(metrics)
     for i in range(workers):
         assert (run_dir / f"worker-{i}" / "runner.log").exists()
+
+
+# README's elastic job, at 60 examples per global batch (3, 2 and 1 workers divide it alike), 16 steps an epoch, each
+# ending in a checkpoint; the lost slot is taken back at once (rejoin_after_sec=0), so it shrinks and grows back
+ELASTIC = [
+    "data.num_examples=960",
+    "data.eval_examples=120",
+    "train.global_batch_size=60",
+    "train.epochs=6",
+    "train.log_every_n_steps=4",
+    "checkpoint.every_n_steps=16",
+]
+
+
+def run_elastic(scratch, tokens):
+    """README's elastic command, and while it trains (past its first checkpoint) README's pkill command, its pattern
+    narrowed to this job's directory (another test's job may be training a worker-1 on this machine at the same
+    time); then one uninterrupted process of the same training, whose weights the job must reach."""
+    args = _runner_args(tokens)
+    run_dir = scratch.dir(key(args))
+    log_path = scratch.root / f"{run_dir.name}.out"
+    with open(log_path, "w") as out:
+        job = subprocess.Popen(
+            [*_python(tokens), *ELASTIC, "cluster.elastic.rejoin_after_sec=0", f"hydra.run.dir={run_dir}"],
+            cwd=scratch.root,
+            env=_env(),
+            stdout=out,
+            stderr=out,
+        )
+        deadline = time.monotonic() + 300
+        while not re.search(r"\[worker:0\].* epoch 2/6 step (8|12)/16", log_path.read_text()):
+            assert job.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        kill = TOKENS[next(k for k, (kind, _) in KINDS.items() if kind == "elastic-kill")]
+        pattern = kill[-1].replace(".*", str(run_dir))
+        killed = subprocess.run([*kill[:-1], pattern], capture_output=True, text=True, timeout=30)
+        job.wait(timeout=300)
+    proc = subprocess.CompletedProcess(job.args, job.returncode, log_path.read_text(), "")
+    same = [a for a in args if a.startswith(("executor=", "model", "data", "train."))]  # README's training, not its cluster
+    reference = scratch.run(
+        [sys.executable, "-m", "runner", "strategy=default", *same, *ELASTIC, f"hydra.run.dir={run_dir}-reference"]
+    )
+    return proc, run_dir, killed, reference
+
+
+def check_elastic(scratch, args, result):
+    import tf_keras
+
+    proc, run_dir, killed, reference = result
+    _ok(proc)
+    _ok(reference)
+    assert killed.returncode == 0, killed  # pkill found worker:1's process
+    assert "cluster.elastic: lost worker:1: killed by SIGKILL" in proc.stdout, proc.stdout[-3000:]
+    assert "training again on 3 worker(s)" in proc.stdout, proc.stdout[-3000:]  # and grew back
+    run = _run_of(scratch, run_dir)
+    assert run.info.status == "FINISHED"
+    sizes = scratch.client.get_metric_history(run.info.run_id, "cluster/world_size")
+    assert [m.value for m in sorted(sizes, key=lambda m: m.timestamp)] == [3, 2, 3]
+    single = tf_keras.models.load_model(Path(f"{run_dir}-reference") / "model.keras", compile=False).get_weights()
+    got = tf_keras.models.load_model(run_dir / "worker-0" / "model.keras", compile=False).get_weights()
+    for a, b in zip(got, single, strict=True):  # the global batches were the same at every size
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+def check_elastic_kill(scratch, args, result):
+    proc, run_dir, killed, _ = result
+    assert killed.returncode == 0 and "lost worker:1: killed by SIGKILL" in proc.stdout, proc.stdout[-3000:]
 
 
 def run_resume(scratch, tokens, results):
@@ -733,6 +805,7 @@ RUNNERS = {
     "export": run_export,
     "tfds": run_tfds,
     "image-folder": run_image_folder,
+    "elastic": run_elastic,
 }
 
 
@@ -835,7 +908,14 @@ def check_ray(scratch, args, result):
         assert (run_dir / f"worker-{i}" / "runner.log").exists()
 
 
-DEPENDENT = {"resume": run_resume, "deliver": run_deliver, "tfrecord": run_tfrecord, "serve": run_serve, "setup": run_setup}
+DEPENDENT = {
+    "elastic-kill": lambda scratch, tokens, results: results(next(k for k, (kind, _) in KINDS.items() if kind == "elastic")),
+    "resume": run_resume,
+    "deliver": run_deliver,
+    "tfrecord": run_tfrecord,
+    "serve": run_serve,
+    "setup": run_setup,
+}
 CHECKS = {
     "setup": lambda s, a, r: check_training(s, _runner_args(_setup_steps(a)[-1]), r),
     "train": check_training,
@@ -861,6 +941,8 @@ CHECKS = {
     "submitit": check_submitit,
     "ray": check_ray,
     "tensorboard": check_tensorboard,
+    "elastic": check_elastic,
+    "elastic-kill": check_elastic_kill,
 }
 KINDS = {key(c): kind_of(c) for c in COMMANDS}
 TOKENS = {key(c): c for c in COMMANDS}

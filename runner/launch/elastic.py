@@ -1,0 +1,157 @@
+"""cluster.elastic: a MultiWorkerMirrored job that loses a worker trains on with the workers that remain.
+
+TensorFlow fixes a collective group's size when the strategy is made, so the tasks never re-form themselves: the
+launcher owns the membership, as torchrun does. When a worker is lost, it stops the survivors (their collectives wait
+on the dead peer), writes a TF_CONFIG for the workers that remain (fresh ports) and starts fresh task processes. They
+restore the last complete checkpoint and go on in the same MLflow run, with the same global batch: the data position
+is the checkpoint's step, so the same examples form the same global batches at any size (runner.builders.data), and
+a schedule follows the optimizer's step. Once `rejoin_after_sec` has passed, the lost slot is taken back at the first
+checkpoint the smaller job writes: the trainers are stopped with SIGTERM (they checkpoint at a step they agree on)
+and the job starts again at its full size.
+
+What MLflow shows: `cluster/world_size` at each size's first step, `cluster/restarts`, and one record per resize in
+the artifact elastic/resizes.json (the lost task and why, the step it was lost at, the checkpoint's step, the steps
+redone, how long until the first step at the new size).
+"""
+
+import json
+import logging
+import signal
+import time
+
+from omegaconf import OmegaConf
+
+from runner.config import layout
+from runner.errors import ClusterError
+
+log = logging.getLogger("runner")
+
+
+class TaskLost(ClusterError):
+    """A trainer that stopped (killed, crashed, its peers gave up on it), raised by the launcher's supervision
+    (runner.launch.localhost): the task and how it ended ride along, for the elastic launcher to train on without it."""
+
+    def __init__(self, message: str, task, note: str):
+        super().__init__(message)
+        self.task, self.note = task, note
+
+
+class _Grow(Exception):
+    """The lost slot's back-off is over and the smaller job has written a checkpoint since it started."""
+
+
+def enabled(cfg) -> bool:
+    return "elastic" in cfg.cluster.keys() and bool(cfg.cluster.elastic.enabled)
+
+
+def resized(cfg, workers: int):
+    """A copy of the config whose cluster has `workers` workers (the launcher's own: the tasks never see it)."""
+    copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    copy.cluster.workers = workers
+    return copy
+
+
+class Membership:
+    """The job's size over time, its losses and their records, logged to the job's MLflow run."""
+
+    def __init__(self, cfg, run):
+        self.cfg, self.run = cfg, run
+        self.full = self.size = int(cfg.cluster.workers)
+        self.losses, self.records = 0, []
+        self.directory = layout.checkpoint_dir(cfg)
+        self.started_at = time.monotonic()
+        self.base_step = layout.latest_checkpoint_step(self.directory)  # the checkpoint this generation starts from
+        self.pending = None  # the record of the last resize, until the new size's first step is seen
+
+    def lost(self, err, tasks) -> int:
+        """A worker was lost: the size to go on at, or ClusterError (exit 3) past the limits."""
+        elastic = self.cfg.cluster.elastic
+        at_step = tasks[0].step  # the chief's last progress line (it may be the lost one)
+        self.losses += 1
+        left = self.size - 1
+        if self.losses > elastic.max_restarts:
+            limit = f"this is loss {self.losses}, past max_restarts={elastic.max_restarts}"
+            raise ClusterError(f"{err} (cluster.elastic: {limit})")
+        if left < elastic.min_workers:
+            limit = f"{left} worker(s) would be left, below min_workers={elastic.min_workers}"
+            raise ClusterError(f"{err} (cluster.elastic: {limit})")
+        self._resize(left, f"lost {err.task.name}: {err.note}", at_step)
+        return left
+
+    def _resize(self, size: int, why: str, at_step) -> None:
+        checkpoint = layout.latest_checkpoint_step(self.directory) or 0
+        self.pending = {
+            "from_workers": self.size,
+            "to_workers": size,
+            "why": why,
+            "at_step": at_step,
+            "checkpoint_step": checkpoint,
+            "steps_redone": max(0, (at_step or checkpoint) - checkpoint),
+            "detected_at": time.time(),
+        }
+        self._started = time.monotonic()
+        log.warning(
+            "cluster.elastic: %s at step %s; going on with %d worker(s) from the checkpoint at step %d",
+            why,
+            at_step if at_step is not None else "?",
+            size,
+            checkpoint,
+        )
+        self.size, self.base_step, self.started_at = size, checkpoint, time.monotonic()
+
+    def grow(self, at_step) -> int:
+        self._resize(self.full, "the lost worker's slot is back", at_step)
+        return self.full
+
+    def tick(self, tasks) -> None:
+        """At every poll: the first step at a new size closes its record; a smaller job that may grow back does so
+        at its first checkpoint after the back-off."""
+        chief = tasks[0]
+        if self.pending is not None and chief.step is not None and chief.step > self.pending["checkpoint_step"]:
+            record = {**self.pending, "resize_sec": round(time.monotonic() - self._started, 3)}
+            self.records.append(record)
+            self.pending = None
+            sizes = {"cluster/world_size": float(self.size), "cluster/restarts": float(self.losses)}
+            self.run.log_metrics(sizes, record["checkpoint_step"])
+            self.run.set_tags({"cluster.elastic.resizes": str(len(self.records))})
+            self.run.log_text(json.dumps(self.records, indent=1), "elastic/resizes.json")
+            log.info("cluster.elastic: training again on %d worker(s), %.1fs after the resize", self.size, record["resize_sec"])
+        back_off = self.cfg.cluster.elastic.rejoin_after_sec
+        if self.size == self.full or back_off is None or self.pending is not None:
+            return
+        if time.monotonic() - self.started_at < back_off:
+            return
+        newest = layout.latest_checkpoint_step(self.directory)
+        if newest is not None and newest > (self.base_step or 0):
+            raise _Grow()
+
+
+def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for) -> None:
+    """Run the job through its resizes. `tasks` is updated in place (the caller stops whatever it holds at the end);
+    rebuild(workers) makes the tasks of a job of that size; supervise_one(tasks, cfg, tick) is the launcher's
+    supervision of one set, which raises TaskLost for a lost trainer; stop_all, trainers and wait_for are the
+    launcher's own (runner.launch.localhost)."""
+    membership = Membership(cfg, run)
+    run.log_metrics({"cluster/world_size": float(membership.size), "cluster/restarts": 0.0}, membership.base_step or 0)
+    while True:
+        try:
+            supervise_one(tasks, cfg, tick=lambda: membership.tick(tasks))
+            return
+        except TaskLost as err:
+            size = membership.lost(err, tasks)
+            for t in tasks:  # the survivors' collectives wait on the lost peer: nothing to save, stop them now
+                t.signal(signal.SIGKILL)
+            stop_all(tasks, 0)
+        except _Grow:
+            size = membership.grow(tasks[0].step)
+            for t in trainers(tasks):  # they checkpoint at a step they agree on, then exit
+                t.signal(signal.SIGTERM)
+            wait_for(trainers(tasks), cfg.cluster.stop_grace_sec)
+            stop_all(tasks, cfg.cluster.failure_grace_sec)
+            step = layout.latest_checkpoint_step(membership.directory) or 0  # the one they wrote on SIGTERM
+            membership.pending.update(checkpoint_step=step, steps_redone=0)
+            membership.base_step = step
+        for t in tasks:
+            for pump in t.pumps:
+                pump.join(timeout=2)
+        tasks[:] = rebuild(size)

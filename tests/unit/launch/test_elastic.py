@@ -1,0 +1,141 @@
+"""runner/launch/elastic.py (cluster.elastic), in process: the settings refused before TensorFlow, and the elastic
+supervision over real task processes (build_tasks' tasks with their `python -m runner` swapped for a tiny `python -c`
+script, as tests/unit/launch/test_localhost.py does): a lost worker restarts the job one smaller, past the limits it
+ends as without elasticity. The whole thing with TensorFlow (the weights of one process after a loss and a regrowth):
+tests/e2e/test_cluster.py and README's elastic command (tests/e2e/test_readme.py)."""
+
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from runner.config import schema, validate
+from runner.errors import ClusterError, ConfigError
+from runner.launch import elastic, localhost
+
+import helpers
+
+schema.register()
+ELASTIC = ["strategy=multi_worker_mirrored", "cluster=localhost", "cross_device_ops=ring", "cluster.elastic.enabled=true"]
+
+
+def script(*lines):
+    return [sys.executable, "-c", "\n".join(["import os, signal, sys, time", *lines])]
+
+
+class Recorded:
+    """What the job's MLflow run is given (the launcher's RunLog has these three calls)."""
+
+    def __init__(self):
+        self.metrics, self.tags, self.texts = [], {}, {}
+
+    def log_metrics(self, values, step):
+        self.metrics.append((step, values))
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_text(self, text, name):
+        self.texts[name] = text
+
+
+@pytest.fixture
+def job(tmp_path):
+    """make(overrides, scripts per generation) -> (cfg, tasks, rebuild, every generation's tasks): each generation
+    runs that generation's {task name: argv}; every process still running is killed after the test."""
+    made = []
+
+    def make(overrides, generations):
+        cfg = helpers.composed(f"output_dir={tmp_path}", *ELASTIC, *overrides)
+        gens = iter(generations)
+
+        def rebuild(workers):
+            tasks = localhost.build_tasks(elastic.resized(cfg, workers), [], run_id="r", uri=f"sqlite:///{tmp_path}/m.db")
+            commands = next(gens)
+            for t in tasks:
+                t.argv = commands[t.name]
+            made.append(list(tasks))
+            return tasks
+
+        return cfg, rebuild(cfg.cluster.workers), rebuild, made
+
+    yield make
+    for tasks in made:
+        for t in tasks:
+            if t.proc and t.proc.poll() is None:
+                os.killpg(t.proc.pid, signal.SIGKILL)
+            if t.proc:
+                t.proc.wait()
+            for pump in t.pumps:
+                pump.join(timeout=5)
+
+
+def _supervise(cfg, tasks, rebuild, run):
+    elastic.supervise(tasks, cfg, rebuild, run, localhost.supervise, localhost.stop_all, localhost._trainers, localhost.wait_for)
+
+
+PROGRESS = "print('[00:00:00][INFO] epoch 2/4 step 3/8 loss 0.5', flush=True)"
+
+
+def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
+    first = {
+        "worker:0": script(PROGRESS, "time.sleep(120)"),
+        "worker:1": script("time.sleep(0.5)", "os.kill(os.getpid(), signal.SIGKILL)"),
+        "worker:2": script("time.sleep(120)"),
+    }
+    second = {"worker:0": script(PROGRESS.replace("step 3/8", "step 5/8")), "worker:1": script("pass")}
+    cfg, tasks, rebuild, _ = job(["cluster.workers=3", "cluster.elastic.rejoin_after_sec=null"], [first, second])
+    run, generation = Recorded(), list(tasks)
+    _supervise(cfg, tasks, rebuild, run)
+    assert [t.name for t in tasks] == ["worker:0", "worker:1"] and all(t.proc.returncode == 0 for t in tasks)
+    assert [t.proc.returncode for t in generation] == [-signal.SIGKILL] * 3  # the survivors were stopped, none left
+    assert [(step, values["cluster/world_size"]) for step, values in run.metrics] == [(8, 3.0), (8, 2.0)]
+    (record,) = json.loads(run.texts["elastic/resizes.json"])
+    assert record["why"] == "lost worker:1: killed by SIGKILL" and (record["from_workers"], record["to_workers"]) == (3, 2)
+    assert (record["at_step"], record["checkpoint_step"], record["steps_redone"]) == (11, 8, 3)
+    assert run.tags["cluster.elastic.resizes"] == "1"
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["cluster.workers=2", "cluster.elastic.max_restarts=0"], "this is loss 1, past max_restarts=0"),
+        (["cluster.workers=2", "cluster.elastic.min_workers=2"], "1 worker(s) would be left, below min_workers=2"),
+    ],
+)
+def test_past_its_limits_the_job_ends_as_without_elasticity_naming_the_loss(job, overrides, said):
+    first = {"worker:0": script("time.sleep(120)"), "worker:1": script("sys.exit(7)")}
+    cfg, tasks, rebuild, _ = job(overrides, [first])
+    with pytest.raises(ClusterError) as err:
+        _supervise(cfg, tasks, rebuild, Recorded())
+    assert str(err.value).startswith("task worker:1 (pid") and "stopped: exit code 7" in str(err.value)
+    assert said in str(err.value) and err.value.exit_code == 3
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["strategy=parameter_server", "cluster.ps=1", "executor=custom_loop"], "already trains through a lost worker"),
+        (["cluster.workers=2", "cluster.elastic.min_workers=3"], "min_workers=3 is above the job's cluster.workers=2"),
+        (["checkpoint.enabled=false"], "checkpoint.enabled=false writes none"),
+        (["cluster.evaluator=true"], "with cluster.evaluator=true"),
+        (["cluster=ray"], "is launched by cluster=localhost so far"),
+    ],
+)
+def test_settings_it_cannot_keep_are_refused_before_tensorflow(overrides, said):
+    with pytest.raises(ConfigError) as err:
+        validate.check_config(helpers.composed(*ELASTIC, *overrides))
+    assert said in str(err.value)
+
+
+def test_off_by_default_and_the_tasks_know_when_it_is_on(tmp_path):
+    plain = helpers.composed(f"output_dir={tmp_path}", *ELASTIC[:-1])
+    assert not elastic.enabled(plain)
+    tasks = localhost.build_tasks(plain, [], run_id="r", uri="sqlite:///x.db")
+    assert not any("RUNNER_ELASTIC" in t.env for t in tasks)
+    on = helpers.composed(f"output_dir={tmp_path}", *ELASTIC)
+    assert all(t.env["RUNNER_ELASTIC"] == "1" for t in localhost.build_tasks(on, [], run_id="r", uri="sqlite:///x.db"))
