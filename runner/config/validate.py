@@ -326,6 +326,27 @@ def elastic(cfg):
         raise ConfigError(
             f"{where} with cluster.evaluator=true: the side-car evaluator follows one generation of tasks; leave one of them out."
         )
+    if cfg.cluster.workers < 2 or settings.min_workers == cfg.cluster.workers:
+        raise ConfigError(
+            f"{where} with cluster.workers={cfg.cluster.workers} and cluster.elastic.min_workers={settings.min_workers}: "
+            "such a job cannot train through a single loss. Give it more workers than min_workers, or leave "
+            "cluster.elastic out."
+        )
+    if cfg.data.name in ("tfrecord", "tfds", "image_folder", "function") or cfg.data.input != "tf_data":
+        raise ConfigError(
+            f"{where} with data={cfg.data.name} data.input={cfg.data.input}: at another number of workers this input "
+            "would not give the same global batches (it is split by file, by worker or by Keras itself), so a resize "
+            "would change what is trained on. Elastic jobs read in-memory data with data.input=tf_data so far."
+        )
+    gbs, sizes = cfg.train.global_batch_size, range(settings.min_workers, cfg.cluster.workers + 1)
+    uneven = [n for n in sizes if gbs % n]
+    if uneven:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} does not divide over {uneven[0]} worker(s), a size this elastic job may "
+            f"train at (cluster.elastic.min_workers={settings.min_workers} to cluster.workers={cfg.cluster.workers}): "
+            "uneven shares change Model.fit's loss (a mean of per-replica means) and the batches each worker reads. "
+            f"Use a multiple of every size, such as {math.lcm(*sizes)}."
+        )
 
 
 @check

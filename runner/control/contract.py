@@ -28,6 +28,7 @@ ATTACH_RUN = "RUNNER_MLFLOW_RUN_ID"
 LAUNCH_ID = "RUNNER_LAUNCH_ID"
 TASK_ROLE = "RUNNER_TASK_ROLE"
 ELASTIC = "RUNNER_ELASTIC"  # set by the elastic launcher: a task that loses a peer is restarted, not the user's to resume
+LOGGED_THROUGH = "RUNNER_LOGGED_THROUGH"  # elastic: the steps an earlier generation logged, not logged again
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"

@@ -29,15 +29,19 @@ log = logging.getLogger("runner")
 
 class TaskLost(ClusterError):
     """A trainer that stopped (killed, crashed, its peers gave up on it), raised by the launcher's supervision
-    (runner.launch.localhost): the task and how it ended ride along, for the elastic launcher to train on without it."""
+    (runner.launch.localhost): the task, how it ended and its exit code ride along, for the elastic launcher."""
 
-    def __init__(self, message: str, task, note: str):
+    def __init__(self, message: str, task, note: str, code: int):
         super().__init__(message)
-        self.task, self.note = task, note
+        self.task, self.note, self.code = task, note, code
 
 
 class _Grow(Exception):
     """The lost slot's back-off is over and the smaller job has written a checkpoint since it started."""
+
+
+LOST_CODES = (3, 137)  # a peer lost (ClusterError), or killed by SIGKILL through a shell; and any death by a signal
+BLAME_SEC = 0.5  # after a trainer ends: the others that end meanwhile are looked at too, to blame the one killed
 
 
 def enabled(cfg) -> bool:
@@ -51,6 +55,12 @@ def resized(cfg, workers: int):
     return copy
 
 
+def is_loss(code: int) -> bool:
+    """A worker lost (killed, or its peers gave up on it), not an error that would come back at any size (bad input
+    exit 2, a blown-up loss 4, broken data 5, a failure 1): those end the job as without elasticity."""
+    return code < 0 or code in LOST_CODES
+
+
 class Membership:
     """The job's size over time, its losses and their records, logged to the job's MLflow run."""
 
@@ -62,11 +72,12 @@ class Membership:
         self.started_at = time.monotonic()
         self.base_step = layout.latest_checkpoint_step(self.directory)  # the checkpoint this generation starts from
         self.pending = None  # the record of the last resize, until the new size's first step is seen
+        self.logged_through = None  # the last step a generation that ended by itself logged
+        self.grown_back_lost = False  # a slot taken back was lost again: the job stays smaller from then on
 
     def lost(self, err, tasks) -> int:
         """A worker was lost: the size to go on at, or ClusterError (exit 3) past the limits."""
         elastic = self.cfg.cluster.elastic
-        at_step = tasks[0].step  # the chief's last progress line (it may be the lost one)
         self.losses += 1
         left = self.size - 1
         if self.losses > elastic.max_restarts:
@@ -75,10 +86,13 @@ class Membership:
         if left < elastic.min_workers:
             limit = f"{left} worker(s) would be left, below min_workers={elastic.min_workers}"
             raise ClusterError(f"{err} (cluster.elastic: {limit})")
-        self._resize(left, f"lost {err.task.name}: {err.note}", at_step)
+        if self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
+            self.grown_back_lost = True  # lost again after growing back: no flapping
+        self._resize(left, f"lost {err.task.name}: {err.note}", tasks[0].step)
         return left
 
     def _resize(self, size: int, why: str, at_step) -> None:
+        self.close_open()
         checkpoint = layout.latest_checkpoint_step(self.directory) or 0
         self.pending = {
             "from_workers": self.size,
@@ -86,7 +100,7 @@ class Membership:
             "why": why,
             "at_step": at_step,
             "checkpoint_step": checkpoint,
-            "steps_redone": max(0, (at_step or checkpoint) - checkpoint),
+            "steps_redone": max(0, at_step - checkpoint) if at_step is not None else None,
             "detected_at": time.time(),
         }
         self._started = time.monotonic()
@@ -103,27 +117,62 @@ class Membership:
         self._resize(self.full, "the lost worker's slot is back", at_step)
         return self.full
 
+    def close_open(self, resize_sec=None) -> None:
+        """The open record, into the run: with its time to the first step at the new size, or None (never seen)."""
+        if self.pending is None:
+            return
+        record, self.pending = {**self.pending, "resize_sec": resize_sec}, None
+        self.records.append(record)
+        self._send(
+            lambda: (
+                self.run.log_metrics(
+                    {"cluster/world_size": float(record["to_workers"]), "cluster/restarts": float(self.losses)},
+                    record["checkpoint_step"],
+                ),
+                self.run.set_tags({"cluster.elastic.resizes": str(len(self.records))}),
+                self.run.log_text(json.dumps(self.records, indent=1), "elastic/resizes.json"),
+            )
+        )
+
+    def _send(self, call) -> None:
+        """MLflow must not stall or end the supervision: a failure is a warning (the run's values are queued)."""
+        try:
+            call()
+        except Exception as err:  # noqa: BLE001
+            log.warning("cluster.elastic: could not record the resize in MLflow (%s)", err)
+
     def tick(self, tasks) -> None:
         """At every poll: the first step at a new size closes its record; a smaller job that may grow back does so
-        at its first checkpoint after the back-off."""
+        at its first checkpoint after the back-off (not at the job's last step, not once a trainer has finished)."""
         chief = tasks[0]
         if self.pending is not None and chief.step is not None and chief.step > self.pending["checkpoint_step"]:
-            record = {**self.pending, "resize_sec": round(time.monotonic() - self._started, 3)}
-            self.records.append(record)
-            self.pending = None
-            sizes = {"cluster/world_size": float(self.size), "cluster/restarts": float(self.losses)}
-            self.run.log_metrics(sizes, record["checkpoint_step"])
-            self.run.set_tags({"cluster.elastic.resizes": str(len(self.records))})
-            self.run.log_text(json.dumps(self.records, indent=1), "elastic/resizes.json")
-            log.info("cluster.elastic: training again on %d worker(s), %.1fs after the resize", self.size, record["resize_sec"])
+            sec = round(time.monotonic() - self._started, 3)
+            self.close_open(sec)
+            log.info("cluster.elastic: training again on %d worker(s), %.1fs after the resize", self.size, sec)
         back_off = self.cfg.cluster.elastic.rejoin_after_sec
-        if self.size == self.full or back_off is None or self.pending is not None:
+        if self.size == self.full or back_off is None or self.grown_back_lost:
             return
-        if time.monotonic() - self.started_at < back_off:
+        if time.monotonic() - self.started_at < back_off or any(t.proc.poll() == 0 for t in tasks):
             return
         newest = layout.latest_checkpoint_step(self.directory)
-        if newest is not None and newest > (self.base_step or 0):
+        final = chief.last_step
+        if newest is not None and newest > (self.base_step or 0) and (final is None or newest < final):
             raise _Grow()
+
+
+def _blamed(err, tasks, trainers):
+    """The trainer to blame: one that died by a signal (killed) rather than a peer that gave up on it (exit 3),
+    looked for among those that ended within BLAME_SEC of the first."""
+    time.sleep(BLAME_SEC)
+    if err.code < 0 or err.code == 137:
+        return err
+    for t in trainers(tasks):
+        code = t.proc.poll()
+        if code is not None and (code < 0 or code == 137):
+            note = t.exit_note(code)
+            told = f"task {t.name} (pid {t.proc.pid}) stopped: {note}. Its log is in {t.run_dir}/runner.log."
+            return TaskLost(told, t, note, code)
+    return err
 
 
 def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for) -> None:
@@ -131,17 +180,33 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
     rebuild(workers) makes the tasks of a job of that size; supervise_one(tasks, cfg, tick) is the launcher's
     supervision of one set, which raises TaskLost for a lost trainer; stop_all, trainers and wait_for are the
     launcher's own (runner.launch.localhost)."""
+    from runner.control import contract
+
     membership = Membership(cfg, run)
-    run.log_metrics({"cluster/world_size": float(membership.size), "cluster/restarts": 0.0}, membership.base_step or 0)
+    membership._send(
+        lambda: run.log_metrics(
+            {"cluster/world_size": float(membership.size), "cluster/restarts": 0.0}, membership.base_step or 0
+        )
+    )
     while True:
         try:
             supervise_one(tasks, cfg, tick=lambda: membership.tick(tasks))
+            membership.close_open()
             return
-        except TaskLost as err:
-            size = membership.lost(err, tasks)
+        except TaskLost as first:
+            err = _blamed(first, tasks, trainers)
+            if not is_loss(err.code):  # an error that would come back at any size: the job ends as without elasticity
+                membership.close_open()
+                raise ClusterError(str(err)) from None
+            chief = tasks[0]
+            ended_by_itself = chief.proc.poll() is not None and chief.proc.returncode >= 0  # its metrics were delivered
             for t in tasks:  # the survivors' collectives wait on the lost peer: nothing to save, stop them now
                 t.signal(signal.SIGKILL)
-            stop_all(tasks, 0)
+            for t in tasks:
+                t.proc.wait()
+            size = membership.lost(err, tasks)  # after they are gone: the checkpoint named is the one restored
+            if ended_by_itself and chief.step is not None:
+                membership.logged_through = max(membership.logged_through or 0, chief.step)
         except _Grow:
             size = membership.grow(tasks[0].step)
             for t in trainers(tasks):  # they checkpoint at a step they agree on, then exit
@@ -151,7 +216,12 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
             step = layout.latest_checkpoint_step(membership.directory) or 0  # the one they wrote on SIGTERM
             membership.pending.update(checkpoint_step=step, steps_redone=0)
             membership.base_step = step
+            if tasks[0].step is not None:  # they ended by themselves: what they logged was delivered
+                membership.logged_through = max(membership.logged_through or 0, tasks[0].step)
         for t in tasks:
             for pump in t.pumps:
                 pump.join(timeout=2)
         tasks[:] = rebuild(size)
+        if membership.logged_through is not None:
+            for t in tasks:
+                t.env[contract.LOGGED_THROUGH] = str(membership.logged_through)

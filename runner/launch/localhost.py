@@ -29,7 +29,7 @@ from runner.tracking.run import mlflow_run, where_line
 
 log = logging.getLogger("runner")
 POLL_SEC = 0.2
-PROGRESS = re.compile(r"\] epoch (\d+)/\d+ step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
+PROGRESS = re.compile(r"\] epoch (\d+)/(\d+) step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
 
 
 def free_ports(n: int) -> list[int]:
@@ -81,6 +81,7 @@ class Task:
     pumps: list[threading.Thread] = field(default_factory=list)
     notified: bool = False  # it said it received SIGINT/SIGTERM itself (its peers stop because it did)
     step: int | None = None  # the global step of its last progress line (the elastic launcher's record of a loss)
+    last_step: int | None = None  # the job's final step, from the same line
 
     @property
     def name(self) -> str:
@@ -107,8 +108,8 @@ class Task:
                     self.notified = True
                 progress = PROGRESS.search(line)
                 if progress:
-                    epoch, step, per_epoch = (int(g) for g in progress.groups())
-                    self.step = (epoch - 1) * per_epoch + step
+                    epoch, epochs, step, per_epoch = (int(g) for g in progress.groups())
+                    self.step, self.last_step = (epoch - 1) * per_epoch + step, epochs * per_epoch
                 with lock:
                     sys.stdout.write(f"[{self.name}] {line}")
                     sys.stdout.flush()
@@ -275,7 +276,7 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
                 f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "
                 "continue from the last checkpoint."
             )
-            raise TaskLost(message, t, t.exit_note(code)) if t in trainers else ClusterError(message)
+            raise TaskLost(message, t, t.exit_note(code), code) if t in trainers else ClusterError(message)
         if all(t.proc.poll() == 0 for t in trainers):
             evaluators = [t for t in tasks if t.type == "evaluator"]
             for t in evaluators:  # it ends by itself after the last checkpoint

@@ -180,13 +180,15 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
         pipe.close()
         raise
     monitored = cfg.mlflow.system_metrics and runlog.owner  # attached tasks: the launcher's run is monitored by it
+    elastic_task = not runlog.owner and bool(os.environ.get(contract.ELASTIC))
     status = "FAILED"
     try:
         yield runlog
         status = "FINISHED"
     except (KeyboardInterrupt, Stopped) as err:
         status = "KILLED"
-        runlog.set_tags({"stopped_by": getattr(err, "signal_name", "SIGINT")})
+        if not elastic_task:  # the elastic launcher stops a generation to resize it: not the run's end
+            runlog.set_tags({"stopped_by": getattr(err, "signal_name", "SIGINT")})
         err.run_killed = runlog.owner  # what the message may say: this process ends the run KILLED
         raise
     except BaseException as err:
@@ -195,6 +197,9 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
             # KILLED), with the refusal as a tag, not an error of the run.
             status = runlog.previous_status
             runlog.set_tags({"resume_refused": redact(str(err))[:5000]})
+            raise
+        if elastic_task:  # the launcher decides whether the run failed; it keeps the error of its last generation
+            runlog.set_tags({"elastic.last_task_error": f"{type(err).__name__}: {err}"})
             raise
         runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
         try:
@@ -209,6 +214,14 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
             runlog.close(status)
         finally:
             pipe.close()
+
+
+def _logged_through(journaled: int | None, attached: bool) -> int | None:
+    """The last step already logged: the journal's, or (an elastic job's next generation) what the launcher saw the
+    generation before log, so the steps it redoes after the checkpoint are not logged twice."""
+    told = os.environ.get(contract.LOGGED_THROUGH) if attached else None
+    steps = [s for s in (journaled, int(told) if told and told.isdigit() else None) if s is not None]
+    return max(steps) if steps else None
 
 
 SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor after 5 s (runner.mlflow_process.ops)
@@ -280,7 +293,7 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, e
         flush_every=cfg.mlflow.flush_every_sec,
         delivery_timeout=cfg.mlflow.delivery_timeout_sec,
         outbox_dir=cfg.output_dir,
-        logged_through=started["logged_through"],
+        logged_through=_logged_through(started["logged_through"], attached),
         experiment_id=started.get("experiment_id"),
         previous_status=started.get("previous_status"),
     )

@@ -418,6 +418,9 @@ def test_an_elastic_job_trains_through_a_lost_worker_to_the_weights_of_one_proce
     sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
     assert [m.value for m in sizes] == [3, 2, 3] and sizes[1].step == 16, [(m.step, m.value) for m in sizes]
     assert run.data.metrics["cluster/restarts"] == 1
+    assert not {"error", "stopped_by"} & set(run.data.tags)  # the generations stopped for a resize do not mark the run
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(steps) == list(range(4, 97, 4)), steps  # every logged step once: the redone ones not again
     resizes = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
     lost, back = resizes
     assert (lost["from_workers"], lost["to_workers"], lost["checkpoint_step"]) == (3, 2, 16)

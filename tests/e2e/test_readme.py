@@ -369,6 +369,9 @@ def check_elastic(scratch, args, result):
     assert run.info.status == "FINISHED"
     sizes = scratch.client.get_metric_history(run.info.run_id, "cluster/world_size")
     assert [m.value for m in sorted(sizes, key=lambda m: m.timestamp)] == [3, 2, 3]
+    assert not {"error", "stopped_by"} & set(run.data.tags)  # the generations stopped for a resize do not mark the run
+    steps = [m.step for m in scratch.client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(steps) == sorted(set(steps)), steps  # the steps a smaller job redid are not logged twice
     single = tf_keras.models.load_model(Path(f"{run_dir}-reference") / "model.keras", compile=False).get_weights()
     got = tf_keras.models.load_model(run_dir / "worker-0" / "model.keras", compile=False).get_weights()
     for a, b in zip(got, single, strict=True):  # the global batches were the same at every size

@@ -108,12 +108,35 @@ def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp
     ],
 )
 def test_past_its_limits_the_job_ends_as_without_elasticity_naming_the_loss(job, overrides, said):
-    first = {"worker:0": script("time.sleep(120)"), "worker:1": script("sys.exit(7)")}
+    first = {"worker:0": script("time.sleep(120)"), "worker:1": script("os.kill(os.getpid(), signal.SIGKILL)")}
     cfg, tasks, rebuild, _ = job(overrides, [first])
     with pytest.raises(ClusterError) as err:
         _supervise(cfg, tasks, rebuild, Recorded())
-    assert str(err.value).startswith("task worker:1 (pid") and "stopped: exit code 7" in str(err.value)
+    assert str(err.value).startswith("task worker:1 (pid") and "stopped: killed by SIGKILL" in str(err.value)
     assert said in str(err.value) and err.value.exit_code == 3
+
+
+@pytest.mark.parametrize("code", [1, 2, 4, 5])
+def test_an_error_that_would_come_back_at_any_size_ends_the_job_without_a_restart(job, code):
+    """A refused configuration, a blown-up loss, broken data, a failure: no worker was lost, so no smaller job."""
+    first = {"worker:0": script("time.sleep(120)"), "worker:1": script(f"sys.exit({code})")}
+    cfg, tasks, rebuild, made = job(["cluster.workers=2"], [first])
+    run = Recorded()
+    with pytest.raises((ClusterError, ConfigError)) as err:  # exit 2 before any checkpoint: refused, as without elastic
+        _supervise(cfg, tasks, rebuild, run)
+    assert "task worker:1" in str(err.value) and f"exit code {code}" in str(err.value)
+    assert len(made) == 1 and "elastic/resizes.json" not in run.texts
+
+
+def test_the_killed_worker_is_blamed_not_the_peer_that_gave_up_on_it_first(job, tmp_path):
+    first = {
+        "worker:0": script("time.sleep(0.3)", "sys.exit(3)"),  # a survivor's lost-peer error, seen first in task order
+        "worker:1": script("time.sleep(0.4)", "os.kill(os.getpid(), signal.SIGKILL)"),
+    }
+    cfg, tasks, rebuild, made = job(["cluster.workers=2", "cluster.elastic.min_workers=2"], [first])
+    with pytest.raises(ClusterError) as err:
+        _supervise(cfg, tasks, rebuild, Recorded())
+    assert str(err.value).startswith("task worker:1 (pid") and "killed by SIGKILL" in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -124,6 +147,12 @@ def test_past_its_limits_the_job_ends_as_without_elasticity_naming_the_loss(job,
         (["checkpoint.enabled=false"], "checkpoint.enabled=false writes none"),
         (["cluster.evaluator=true"], "with cluster.evaluator=true"),
         (["cluster=ray"], "is launched by cluster=localhost so far"),
+        (["cluster.workers=1"], "such a job cannot train through a single loss"),
+        (["cluster.workers=3", "cluster.elastic.min_workers=3"], "such a job cannot train through a single loss"),
+        (["cluster.workers=3"], "train.global_batch_size=64 does not divide over 3 worker(s)"),
+        (["cluster.workers=3", "train.global_batch_size=60", "data.input=from_function"], "data.input=from_function"),
+        (["train.global_batch_size=60", "data.input=numpy"], "Elastic jobs read in-memory data with data.input=tf_data"),
+        (["data=tfrecord", "data.train_files=/x/*.tfrecord"], "with data=tfrecord"),
     ],
 )
 def test_settings_it_cannot_keep_are_refused_before_tensorflow(overrides, said):
