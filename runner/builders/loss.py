@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.builders.targets import callable_at, reason
+from runner.builders.targets import callable_at, per_example_function, probe_examples, reason
 from runner.errors import ConfigError
 
 
@@ -86,19 +86,6 @@ def _is_loss(obj) -> bool:
     return False
 
 
-def _per_example_function(fn, kwargs) -> bool:
-    """A plain function that still needs (y_true, y_pred) once the node's arguments are bound."""
-    if inspect.isclass(fn) or not callable(fn):
-        return False
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    free = [p for p in positional if p.name not in kwargs and p.default is p.empty]
-    return len(free) >= 2
-
-
 def _function_loss(keras, fn, kwargs: dict):
     """A per-example function as a Loss of `keras` (tf_keras has no public LossFunctionWrapper; a subclass with
     `call` is how both Keras document a custom loss)."""
@@ -115,7 +102,7 @@ def _user_loss(spec: dict, reduction, keras):
     kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
     what = f"{KEY}._target_={target!r}"
     fn = callable_at(KEY, target, f"{KINDS} Or a built-in: {KEY}=mse.")
-    if _per_example_function(fn, kwargs):
+    if per_example_function(fn, kwargs):
         try:
             inspect.signature(fn).bind(None, None, **kwargs)
         except TypeError as err:
@@ -131,7 +118,7 @@ def _user_loss(spec: dict, reduction, keras):
             raise ConfigError(
                 f"{what} does not accept the arguments {sorted(kwargs)}: {reason(err)}. Change them under {KEY}."
             ) from None
-        if callable(obj) and not _is_loss(obj) and _per_example_function(obj, {}):
+        if callable(obj) and not _is_loss(obj) and per_example_function(obj, {}):
             obj = _function_loss(keras, obj, {})
     if not _is_loss(obj):
         raise ConfigError(f"{what} gave {type(obj).__name__}, not a loss. {KINDS}")
@@ -156,14 +143,9 @@ def check_user_loss(spec, model, data, keras) -> None:
     loss = build_loss(spec, PER_EXAMPLE, keras)
     if not is_target(spec):
         return
-    import numpy as np
-
-    x, y = getattr(data, "x_train", None), getattr(data, "y_train", None)
-    if x is None or y is None or len(x) < 2:
-        x = np.zeros((2, *data.input_shape), np.float32)
-        y = np.zeros((2,), np.int64) if data.task == "classification" else np.zeros((2, data.num_outputs), np.float32)
+    x, y, _ = probe_examples(data)
     try:
-        loss(y[:2], model(x[:2], training=False))
+        loss(y, model(x, training=False))
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001  (the probe's own shapes; the step reports real failures)

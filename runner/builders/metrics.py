@@ -20,7 +20,7 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from runner.builders.targets import callable_at, reason
+from runner.builders.targets import callable_at, per_example_function, probe_examples, reason
 from runner.errors import ConfigError
 
 KEY = "train.metrics"
@@ -69,17 +69,6 @@ def build_own(specs) -> list:
     return [_one(spec, f"{KEY}[{i}]") for i, spec in enumerate(specs_of(specs))]
 
 
-def _per_example_function(fn, kwargs) -> bool:
-    if inspect.isclass(fn) or not callable(fn):
-        return False
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len([p for p in positional if p.name not in kwargs and p.default is p.empty]) >= 2
-
-
 def _one(spec: dict, key: str):
     import tf_keras
 
@@ -87,7 +76,7 @@ def _one(spec: dict, key: str):
     kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
     what = f"{key}._target_={target!r}"
     fn = callable_at(key, target, KINDS)
-    if _per_example_function(fn, {k: v for k, v in kwargs.items() if k != "name"}):
+    if per_example_function(fn, {k: v for k, v in kwargs.items() if k != "name"}):
         name = kwargs.pop("name", None) or getattr(fn, "__name__", "metric")
         try:
             inspect.signature(fn).bind(None, None, **kwargs)
@@ -105,7 +94,7 @@ def _one(spec: dict, key: str):
                 f"{what} does not accept the arguments {sorted(kwargs)}: {reason(err)}. Change them under {key}."
             ) from None
         # a function made by the factory (not any callable object: a Keras loss is callable too, and no metric)
-        if (inspect.isroutine(obj) or isinstance(obj, functools.partial)) and _per_example_function(obj, {}):
+        if (inspect.isroutine(obj) or isinstance(obj, functools.partial)) and per_example_function(obj, {}):
             own = getattr(obj, "__name__", None) or getattr(getattr(obj, "func", None), "__name__", "metric")
             obj = tf_keras.metrics.MeanMetricWrapper(obj, name=str(name or own))
         elif name is not None:
@@ -157,12 +146,8 @@ def check_metrics(
     taken = {"loss": "the loss", **INTERNAL, **{n: "the built-in metric" for n in builtin_names(loss)}}
     import tensorflow as tf
 
-    x, y = getattr(data, "x_train", None), getattr(data, "y_train", None)
-    real = x is not None and y is not None and len(x) >= 2  # else zeros shaped like the data: a failure may be theirs
-    if not real:
-        x = np.zeros((2, *data.input_shape), np.float32)
-        y = np.zeros((2,), np.int64) if data.task == "classification" else np.zeros((2, data.num_outputs), np.float32)
-    y_pred = model(x[:2], training=False)
+    x, y, real = probe_examples(data)  # real=False: zeros shaped like the data, so a failure may be theirs
+    y_pred = model(x, training=False)
     for i, metric in enumerate(build_own(specs)):
         key, name = f"{KEY}[{i}]", metric.name
         if not NAME.match(name) or ".." in name:
@@ -177,14 +162,14 @@ def check_metrics(
             )
         taken[name] = f"{key}"
         try:
-            metric.update_state(y[:2], y_pred)
+            metric.update_state(y, y_pred)
             float(metric.result())
         except Exception as err:  # noqa: BLE001  (the user's metric on the model's output: said in one line)
             if not real:
                 continue  # the probe's own zeros: the step, on the real batches, says what is wrong
             raise ConfigError(
                 f"{key}._target_={specs[i].get('_target_')!r} failed on the model's output for two examples "
-                f"(outputs of shape {tuple(y_pred.shape)}, labels of shape {tuple(np.shape(y[:2]))}): {_said(err)}. "
+                f"(outputs of shape {tuple(y_pred.shape)}, labels of shape {tuple(np.shape(y))}): {_said(err)}. "
                 "Check its arguments (tf_keras' classification metrics take from_logits: the models output logits)."
             ) from None
         if is_per_example(metric) and float(metric.count.numpy()) < 2:  # two examples counted once: a batch's number
@@ -199,7 +184,7 @@ def check_metrics(
             metric.update_state(labels, outputs)
 
         try:
-            tf.function(update)(tf.constant(y[:2]), tf.constant(y_pred))
+            tf.function(update)(tf.constant(y), tf.constant(y_pred))
         except Exception as err:  # noqa: BLE001
             raise ConfigError(
                 f"{key}._target_={specs[i].get('_target_')!r} works on plain values but fails inside the traced training "

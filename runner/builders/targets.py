@@ -37,6 +37,32 @@ def reason(err: Exception) -> str:
     return " ".join(str(err).split()).rstrip(".")
 
 
+def per_example_function(fn, kwargs) -> bool:
+    """A plain function that still needs (y_true, y_pred) once the node's arguments are bound (a user's loss or
+    metric function, runner.builders.loss and .metrics)."""
+    if inspect.isclass(fn) or not callable(fn):
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len([p for p in positional if p.name not in kwargs and p.default is p.empty]) >= 2
+
+
+def probe_examples(data):
+    """(x, y, real): two examples to run a user's loss or metric on before the first step: the data's first two, or
+    zeros shaped like them (streamed data; real=False, so a failure may be the zeros')."""
+    import numpy as np
+
+    x, y = getattr(data, "x_train", None), getattr(data, "y_train", None)
+    if x is not None and y is not None and len(x) >= 2:
+        return x[:2], y[:2], True
+    x = np.zeros((2, *data.input_shape), np.float32)
+    y = np.zeros((2,), np.int64) if data.task == "classification" else np.zeros((2, data.num_outputs), np.float32)
+    return x, y, False
+
+
 def callable_at(key: str, target, hint: str):
     """The class or function `{key}._target_` names; ConfigError (one paragraph, ending with `hint`: what it may
     name) when it does not import or is neither."""

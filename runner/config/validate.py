@@ -250,11 +250,7 @@ def own_objects(cfg):
                 "{_target_: mypkg.metrics.my_function} (a function (y_true, y_pred) of one value per example)."
             )
     opt = cfg.train.optimizer
-    if opt.kwargs is not None and not isinstance(opt.kwargs, DictConfig):
-        raise ConfigError(
-            f"train.optimizer.kwargs={opt.kwargs!r} is not a mapping: give your optimizer's arguments as "
-            "train.optimizer.kwargs={beta_1:0.9,beta_2:0.99}."
-        )
+    _kwargs_mapping("train.optimizer", opt.kwargs, "optimizer", "{beta_1:0.9,beta_2:0.99}")
     if opt.kwargs and not opt._target_:
         raise ConfigError(
             f"train.optimizer.kwargs={dict(opt.kwargs)} are the arguments of your own optimizer, and "
@@ -262,11 +258,9 @@ def own_objects(cfg):
             f"(train.optimizer.name={opt.name} takes learning_rate, momentum, clipnorm and weight_decay)."
         )
     schedule = opt.schedule
-    if schedule.kwargs is not None and not isinstance(schedule.kwargs, DictConfig):
-        raise ConfigError(
-            f"train.optimizer.schedule.kwargs={schedule.kwargs!r} is not a mapping: give your schedule's arguments as "
-            "train.optimizer.schedule.kwargs={initial_learning_rate:0.1,decay_steps:100,decay_rate:0.5}."
-        )
+    _kwargs_mapping(
+        "train.optimizer.schedule", schedule.kwargs, "schedule", "{initial_learning_rate:0.1,decay_steps:100,decay_rate:0.5}"
+    )
     if schedule.kwargs and not schedule._target_:
         raise ConfigError(
             f"train.optimizer.schedule.kwargs={dict(schedule.kwargs)} are the arguments of your own schedule, and "
@@ -345,8 +339,14 @@ def elastic(cfg):
             f"train.global_batch_size={gbs} does not divide over {uneven[0]} worker(s), a size this elastic job may "
             f"train at (cluster.elastic.min_workers={settings.min_workers} to cluster.workers={cfg.cluster.workers}): "
             "uneven shares change Model.fit's loss (a mean of per-replica means) and the batches each worker reads. "
-            f"Use a multiple of every size, such as {math.lcm(*sizes)}."
+            f"Use a multiple of every size, such as {math.lcm(*sizes) * max(1, round(gbs / math.lcm(*sizes)))}."
         )
+
+
+def _kwargs_mapping(key: str, kwargs, what: str, example: str) -> None:
+    """`<key>.kwargs`, the arguments of one's own object, must be a mapping."""
+    if kwargs is not None and not isinstance(kwargs, DictConfig):
+        raise ConfigError(f"{key}.kwargs={kwargs!r} is not a mapping: give your {what}'s arguments as {key}.kwargs={example}.")
 
 
 @check
