@@ -73,6 +73,17 @@ def _composed(overrides: tuple, hydra: bool):
 
 
 # Small and quick, but enough steps that a loss has room to fall.
+# an elastic job's training (tests/e2e/test_cluster.py, README's elastic command): 60 examples per global batch divide
+# over 3, 2 and 1 workers alike; 16 steps an epoch, each ending in a checkpoint (fit's cadence, and the custom loop's)
+ELASTIC = [
+    "data.num_examples=960",
+    "data.eval_examples=120",
+    "train.global_batch_size=60",
+    "train.epochs=6",
+    "train.log_every_n_steps=4",
+    "checkpoint.every_n_steps=16",
+]
+
 FAST = [
     "data.num_examples=512",
     "data.eval_examples=128",

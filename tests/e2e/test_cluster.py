@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import FAST, LiveRun, leftover_processes, mlflow_run_by_name
+from helpers import ELASTIC, FAST, LiveRun, leftover_processes, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: each test starts `python -m runner` clusters of real task processes
 
@@ -366,19 +366,6 @@ def test_a_stopped_worker_is_the_one_blamed(runner):
     assert f"task worker:1 (pid {pid}) was stopped (SIGSTOP or a debugger)" in output and "task worker:0 gave up" in output
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "frozen")
     assert run.info.status == "FAILED"
-
-
-# cluster.elastic: 60 examples per global batch divide over 3, 2 and 1 workers alike; 16 steps an epoch, each epoch
-# ends in a checkpoint (fit's cadence; the custom loop's every_n_steps is set to match)
-ELASTIC = [
-    "data.num_examples=960",
-    "data.eval_examples=120",
-    "train.global_batch_size=60",
-    "train.epochs=6",
-    "train.log_every_n_steps=4",
-    "train.optimizer.learning_rate=0.1",
-    "checkpoint.every_n_steps=16",
-]
 
 
 def test_an_elastic_job_trains_through_a_lost_worker_to_the_weights_of_one_process(runner, executor="custom_loop"):

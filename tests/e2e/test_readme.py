@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import yaml
 
-from helpers import ROOT, free_port, live_group_members, processes_with, serve_and_predict, write_bmp, write_image_folder
+from helpers import ELASTIC, ROOT, free_port, live_group_members, processes_with, serve_and_predict, write_bmp, write_image_folder
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -321,18 +321,6 @@ def check_cluster(scratch, args, result):
         assert any(m.startswith("sidecar/eval_") for m in metrics), sorted(metrics)
     for i in range(workers):
         assert (run_dir / f"worker-{i}" / "runner.log").exists()
-
-
-# README's elastic job, at 60 examples per global batch (3, 2 and 1 workers divide it alike), 16 steps an epoch, each
-# ending in a checkpoint; the lost slot is taken back at once (rejoin_after_sec=0), so it shrinks and grows back
-ELASTIC = [
-    "data.num_examples=960",
-    "data.eval_examples=120",
-    "train.global_batch_size=60",
-    "train.epochs=6",
-    "train.log_every_n_steps=4",
-    "checkpoint.every_n_steps=16",
-]
 
 
 def run_elastic(scratch, tokens):
