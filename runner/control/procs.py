@@ -9,6 +9,7 @@ Also: who a process is (host, pid, start time), so a run left RUNNING by a proce
 apart from one whose process still runs (runner.mlflow_process.store).
 """
 
+import concurrent.futures.thread  # noqa: F401  (its fork hooks registered now: see below)
 import ctypes
 import os
 import signal
@@ -16,6 +17,10 @@ import socket
 import subprocess
 import sys
 
+# concurrent.futures.thread registers a pair of fork hooks: take a lock before fork, release it after in the
+# parent. Registered by another thread while this one forks with a preexec_fn (the sweep imports mlflow in the
+# background while it starts jobs), Python runs the release without the take and prints "release unlocked lock"
+# into the job's output. Imported above, before any fork, the pair is always complete.
 PR_SET_PDEATHSIG = 1
 _prctl = None
 if sys.platform.startswith("linux"):  # resolved here, before any fork: the child only makes one plain call
