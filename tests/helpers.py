@@ -138,6 +138,13 @@ def mlflow_run_by_name(uri, experiment, name):
     return client, found[0]
 
 
+def load_weights(path):
+    """A saved tf_keras model's weights (model.keras), for comparing a distributed run's with one process's."""
+    import tf_keras
+
+    return tf_keras.models.load_model(path, compile=False).get_weights()
+
+
 def processes_with(*entries: str) -> list[int]:
     """PIDs of live processes whose environment holds every entry: `NAME` (any value) or `NAME=value` (exactly).
 

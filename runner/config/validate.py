@@ -295,10 +295,10 @@ def elastic(cfg):
     if not settings or not settings.enabled:
         return
     where = f"cluster.elastic.enabled=true (cluster={cfg.cluster.name}, strategy={cfg.strategy.name})"
-    if cfg.cluster.name != "localhost":
+    if cfg.cluster.name not in ("localhost", "ray"):
         raise ConfigError(
-            f"{where}: elastic training is launched by cluster=localhost so far (its launcher restarts the tasks); "
-            "use cluster=localhost, or cluster.elastic.enabled=false."
+            f"{where}: elastic training is launched by cluster=localhost and cluster=ray so far (their launcher "
+            "restarts the tasks); use one of them, or cluster.elastic.enabled=false."
         )
     if cfg.strategy.name != "multi_worker_mirrored":
         raise ConfigError(

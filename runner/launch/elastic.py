@@ -1,4 +1,5 @@
-"""cluster.elastic: a MultiWorkerMirrored job that loses a worker trains on with the workers that remain.
+"""cluster.elastic: a MultiWorkerMirrored job that loses a worker trains on with the workers that remain
+(cluster=localhost, and cluster=ray whose launcher is localhost's with actors: runner.launch.ray_cluster).
 
 TensorFlow fixes a collective group's size when the strategy is made, so the tasks never re-form themselves: the
 launcher owns the membership, as torchrun does. When a worker is lost, it stops the survivors (their collectives wait

@@ -104,15 +104,19 @@ class Task:
     def _pump(self, proc, lock):
         with proc.stdout:  # closed at EOF: a restarted task does not keep its dead predecessor's pipe open
             for line in proc.stdout:
-                if stopping.NOTICE in line:
-                    self.notified = True
-                progress = PROGRESS.search(line)
-                if progress:
-                    epoch, epochs, step, per_epoch = (int(g) for g in progress.groups())
-                    self.step, self.last_step = (epoch - 1) * per_epoch + step, epochs * per_epoch
-                with lock:
-                    sys.stdout.write(f"[{self.name}] {line}")
-                    sys.stdout.flush()
+                self.heard(line, lock)
+
+    def heard(self, line: str, lock: threading.Lock) -> None:
+        """One line of its output: what it says about itself noted (a stop notice, its step), then printed."""
+        if stopping.NOTICE in line:
+            self.notified = True
+        progress = PROGRESS.search(line)
+        if progress:
+            epoch, epochs, step, per_epoch = (int(g) for g in progress.groups())
+            self.step, self.last_step = (epoch - 1) * per_epoch + step, epochs * per_epoch
+        with lock:
+            sys.stdout.write(f"[{self.name}] {line}")
+            sys.stdout.flush()
 
     def frozen(self) -> bool:
         """Whether it is stopped (SIGSTOP, a debugger) rather than running."""

@@ -5,7 +5,8 @@ after it. One placement group holds a bundle per task (`cluster.placement`, `clu
 `cluster.gpus_per_task`), so the tasks start together or not at all. Each actor reports its node's IP and a free port;
 from those this process writes every task's TF_CONFIG, and the actors start their tasks. Everything else is
 runner.launch.localhost's, the same as for cluster=localhost: one MLflow run, `[task]`-prefixed output, a dead task stops the
-job (a parameter-server worker or ps is restarted instead, in its bundle, so at the same address), exit codes, the
+job (a parameter-server worker or ps is restarted instead, in its bundle, so at the same address; with
+cluster.elastic a multi-worker job goes on at another size, in a new placement group), exit codes, the
 chief's summary. A task whose Ray worker process dies ends as if it had been killed with SIGKILL. Ray is imported only
 here, and this module only for cluster=ray.
 """
@@ -15,7 +16,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 
 import ray
@@ -23,7 +23,6 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from runner.control import stopping
 from runner.errors import ClusterError, ConfigError
 from runner.launch import localhost
 from runner.launch.ray_actor import THREADS, TaskActor
@@ -79,11 +78,7 @@ class RayTask(localhost.Task):
             while True:
                 lines, code = self._call(actor.read.remote(READ_SEC), READ_SEC + ANSWER_SEC)
                 for line in lines:
-                    if stopping.NOTICE in line:
-                        self.notified = True
-                    with lock:
-                        sys.stdout.write(f"[{self.name}] {line}")
-                        sys.stdout.flush()
+                    self.heard(line, lock)
                 if code is not None:
                     return proc.end(code)
         except RayActorError as err:  # ActorDiedError: killed, out of memory, its node lost
@@ -166,6 +161,7 @@ class RaySession:
     def make_tasks(self, cfg, overrides, run_id: str, uri: str) -> list[RayTask]:
         """Place a bundle per task, start an actor in each, and build the tasks from the addresses they report."""
         c = cfg.cluster
+        self._release()  # an elastic job's earlier generation, at another size: its bundles back to the cluster
         shape = localhost.cluster_shape(cfg)
         members = [(job, i) for job, n in shape.items() for i in range(n)] + ([("evaluator", 0)] if c.evaluator else [])
         bundle = {"CPU": c.cpus_per_task, **({"GPU": c.gpus_per_task} if c.gpus_per_task else {})}
@@ -189,7 +185,7 @@ class RaySession:
             task.session, task.bundle, task.actor, task.worker_pid = self, k, handle, where["pid"]
         return tasks
 
-    def __exit__(self, *exc) -> None:
+    def _release(self) -> None:
         for handle in self.actors:  # their task processes die with them (runner.control.procs)
             try:
                 ray.kill(handle)
@@ -197,6 +193,10 @@ class RaySession:
                 pass
         if self.group is not None:
             remove_placement_group(self.group)
+        self.actors, self.group = [], None
+
+    def __exit__(self, *exc) -> None:
+        self._release()
         ray.shutdown()  # stops the local head this run started; only disconnects from cluster.address
 
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ELASTIC, FAST, LiveRun, leftover_processes, mlflow_run_by_name
+from helpers import ELASTIC, FAST, LiveRun, leftover_processes, load_weights, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: each test starts `python -m runner` clusters of real task processes
 
@@ -56,12 +56,6 @@ def runs(runner):
 
 def final_loss(log_text):
     return float(re.search(r"done: \d+ steps, final loss ([0-9.]+)", log_text).group(1))
-
-
-def load_weights(path):
-    import tf_keras
-
-    return tf_keras.models.load_model(path, compile=False).get_weights()
 
 
 @pytest.mark.parametrize("executor", ["fit", "custom_loop"])

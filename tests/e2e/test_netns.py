@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, mlflow_run_by_name, processes_with
+from helpers import ROOT, load_weights, mlflow_run_by_name, processes_with
 from netns_cluster import NetnsCluster, NetnsUnavailable, Tasks
 
 pytestmark = pytest.mark.slow
@@ -105,12 +105,6 @@ def start(netns, store, name, jobs, args, resume=False, port=None) -> Tasks:
 
 def final_loss(text):
     return float(re.search(r"done: \d+ steps, final loss ([0-9.]+)", text).group(1))
-
-
-def load_weights(path):
-    import tf_keras
-
-    return tf_keras.models.load_model(path, compile=False).get_weights()
 
 
 def outputs(tasks):

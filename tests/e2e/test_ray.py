@@ -4,15 +4,26 @@ exit codes and MLflow run are cluster=localhost's. A Ray worker process killed w
 stops (exit 3, run FAILED, the task named), a parameter-server worker is restarted. Skipped with the reason where Ray
 cannot be imported."""
 
+import json
 import os
 import re
 import signal
 import time
 import uuid
 
+import numpy as np
 import pytest
 
-from helpers import CLUSTER_TINY, LiveRun, mlflow_run_by_name, processes_with, run_runner, runner_imports
+from helpers import (
+    CLUSTER_TINY,
+    ELASTIC,
+    LiveRun,
+    load_weights,
+    mlflow_run_by_name,
+    processes_with,
+    run_runner,
+    runner_imports,
+)
 
 pytestmark = pytest.mark.slow  # end to end: a Ray head, and `python -m runner` clusters of real task processes
 
@@ -81,8 +92,8 @@ def _ray_worker_pid(live, task, timeout=120):
     return int(re.search(r"Ray worker pid (\d+)", line).group(1))
 
 
-@pytest.mark.parametrize("executor", ["fit", "custom_loop"])
-def test_multi_worker_mirrored_on_ray(ray_cluster, store, executor):
+def test_multi_worker_mirrored_on_ray(ray_cluster, store, executor="custom_loop"):
+    """The custom loop; Model.fit's MWMS job on Ray is the elastic test's below."""
     root, uri = store
     name = f"ray-mwms-{executor}"
     done = run_runner(_args(ray_cluster, name, *MWMS, *TINY, f"executor={executor}"), root, root / "runs" / name, uri)
@@ -143,6 +154,46 @@ def test_a_killed_ray_worker_stops_a_multi_worker_mirrored_job(ray_cluster, stor
     assert "rerun with resume=" in output
     _, run = mlflow_run_by_name(uri, EXPERIMENT, name)
     assert run.info.status == "FAILED" and "worker:1" in run.data.tags["error"]
+
+
+def test_an_elastic_job_trains_through_a_killed_actor_to_the_weights_of_one_process(ray_cluster, store):
+    """cluster.elastic on Ray, Model.fit: 3 workers; worker:1's Ray worker process is killed after the first
+    checkpoint. The job goes on with 2 new actors (a placement group of 2) from that checkpoint, grows back to 3 at
+    the next one, and ends with the weights of one uninterrupted process, every Ray resource given back (ray_cluster).
+    tests/e2e/test_cluster.py has the same job on localhost with the custom loop."""
+    root, uri = store
+    name = "ray-elastic"
+    args = [*MWMS, "cluster.workers=3", "cluster.elastic.enabled=true", "cluster.elastic.rejoin_after_sec=0", *ELASTIC]
+    live = LiveRun(_args(ray_cluster, name, *args, "executor=fit"), root, root / "runs" / name, uri)
+    victim = _ray_worker_pid(live, "worker:1")
+    live.wait_for(lambda line: re.search(r"\[worker:0\].* epoch 2/6 step (8|12)/16", line), 240)  # past step 16's
+    os.kill(victim, signal.SIGKILL)
+    code, output = live.finish(timeout=300)
+    assert code == 0, output[-4000:]
+    assert f"cluster.elastic: lost worker:1: its Ray worker process (pid {victim}) died" in output, output[-4000:]
+    assert "going on with 2 worker(s)" in output and "training again on 3 worker(s)" in output
+    assert len(re.findall(r"started worker:0 \(Ray worker pid \d+, task pid \d+\)", output)) == 3  # 3 generations
+    losses = _final_losses(output)
+    assert len(losses) == 3 and len(set(losses)) == 1, output[-3000:]  # the last generation's workers agree
+    reference = run_runner(
+        ["strategy=default", "executor=fit", *ELASTIC, f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=ray-elastic-ref"],
+        root,
+        root / "runs" / "ray-elastic-ref",
+        uri,
+    )
+    assert reference.returncode == 0, reference.output[-3000:]
+    single = load_weights(reference.run_dir / "model.keras")
+    for a, b in zip(load_weights(root / "runs" / name / "worker-0" / "model.keras"), single, strict=True):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+    client, run = mlflow_run_by_name(uri, EXPERIMENT, name)
+    assert run.info.status == "FINISHED" and not {"error", "stopped_by"} & set(run.data.tags)
+    assert run.data.tags["cluster.name"] == "ray" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
+    sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
+    assert [m.value for m in sizes] == [3, 2, 3] and sizes[1].step == 16, [(m.step, m.value) for m in sizes]
+    lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
+    assert (lost["from_workers"], lost["to_workers"], lost["checkpoint_step"]) == (3, 2, 16)
+    assert 0 < lost["steps_redone"] <= 16 and (back["from_workers"], back["to_workers"]) == (2, 3)
+    print(f"Ray, fit: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")
 
 
 @pytest.mark.parametrize("flag", ["--help", "--cfg"])

@@ -146,7 +146,6 @@ def test_the_killed_worker_is_blamed_not_the_peer_that_gave_up_on_it_first(job, 
         (["cluster.workers=2", "cluster.elastic.min_workers=3"], "min_workers=3 is above the job's cluster.workers=2"),
         (["checkpoint.enabled=false"], "checkpoint.enabled=false writes none"),
         (["cluster.evaluator=true"], "with cluster.evaluator=true"),
-        (["cluster=ray"], "is launched by cluster=localhost so far"),
         (["cluster.workers=1"], "such a job cannot train through a single loss"),
         (["cluster.workers=3", "cluster.elastic.min_workers=3"], "such a job cannot train through a single loss"),
         (["cluster.workers=3"], "train.global_batch_size=64 does not divide over 3 worker(s)"),
@@ -159,6 +158,10 @@ def test_settings_it_cannot_keep_are_refused_before_tensorflow(overrides, said):
     with pytest.raises(ConfigError) as err:
         validate.check_config(helpers.composed(*ELASTIC, *overrides))
     assert said in str(err.value)
+
+
+def test_cluster_ray_may_be_elastic():
+    validate.check_config(helpers.composed(*ELASTIC, "cluster=ray"))  # its launcher is localhost's, with actors
 
 
 def test_off_by_default_and_the_tasks_know_when_it_is_on(tmp_path):
