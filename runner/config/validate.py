@@ -326,11 +326,19 @@ def elastic(cfg):
             "such a job cannot train through a single loss. Give it more workers than min_workers, or leave "
             "cluster.elastic out."
         )
-    if cfg.data.name in ("tfrecord", "tfds", "image_folder", "function") or cfg.data.input != "tf_data":
+    if cfg.data.name == "tfrecord" and cfg.data.input == "tf_data" and cfg.data.shard_policy != "data":
+        raise ConfigError(
+            f"{where} with data=tfrecord data.shard_policy={cfg.data.shard_policy}: split by file, the global batches "
+            "would change with the number of workers, so a resize would change what is trained on. Set "
+            "data.shard_policy=data: every worker reads every file and takes its share of each global batch, the same "
+            "examples at any size."
+        )
+    if cfg.data.name in ("tfds", "image_folder", "function") or cfg.data.input != "tf_data":
         raise ConfigError(
             f"{where} with data={cfg.data.name} data.input={cfg.data.input}: at another number of workers this input "
             "would not give the same global batches (it is split by file, by worker or by Keras itself), so a resize "
-            "would change what is trained on. Elastic jobs read in-memory data with data.input=tf_data so far."
+            "would change what is trained on. Elastic jobs read in-memory data or TFRecord files (data.shard_policy=data) "
+            "with data.input=tf_data so far."
         )
     gbs, sizes = cfg.train.global_batch_size, range(settings.min_workers, cfg.cluster.workers + 1)
     uneven = [n for n in sizes if gbs % n]

@@ -214,6 +214,10 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
                 t.signal(signal.SIGTERM)
             wait_for(trainers(tasks), cfg.cluster.stop_grace_sec)
             stop_all(tasks, cfg.cluster.failure_grace_sec)
+            if all(t.proc.returncode == 0 for t in trainers(tasks)):  # they reached the last step before they stopped
+                membership.pending = None
+                log.info("cluster.elastic: the job reached its last step before it could grow back")
+                return
             step = layout.latest_checkpoint_step(membership.directory) or 0  # the one they wrote on SIGTERM
             membership.pending.update(checkpoint_step=step, steps_redone=0)
             membership.base_step = step

@@ -21,6 +21,8 @@ import time
 log = logging.getLogger("runner")
 
 POLL_SEC = 1.0
+UP_POLL_SEC = 0.1  # until the chief is first seen up: a short job's chief listens for about a second in all (4 steps
+# under srun), and a server that never saw it up would wait cluster.start_timeout_sec for it
 GONE_AFTER = 3  # failed connects in a row before the chief counts as gone
 
 
@@ -65,7 +67,7 @@ def _exit_when_gone(chief: str, task: str, start_timeout: float) -> None:
     while not _up(chief):
         if time.monotonic() > deadline:
             _exit(3, f"{task}: the chief at {chief} did not come up within cluster.start_timeout_sec={start_timeout:g}")
-        time.sleep(POLL_SEC)
+        time.sleep(UP_POLL_SEC)
     log.info("%s: the chief at %s is up; serving until it ends", task, chief)
     closed, unreachable_since = 0, None
     while closed < GONE_AFTER:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ELASTIC, FAST, LiveRun, leftover_processes, load_weights, mlflow_run_by_name
+from helpers import FAST, LiveRun, leftover_processes, load_weights, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: each test starts `python -m runner` clusters of real task processes
 
@@ -360,51 +360,3 @@ def test_a_stopped_worker_is_the_one_blamed(runner):
     assert f"task worker:1 (pid {pid}) was stopped (SIGSTOP or a debugger)" in output and "task worker:0 gave up" in output
     _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "frozen")
     assert run.info.status == "FAILED"
-
-
-def test_an_elastic_job_trains_through_a_lost_worker_to_the_weights_of_one_process(runner, executor="custom_loop"):
-    """3 workers; worker:1 is killed after the first checkpoint: the job goes on with 2 from that checkpoint, grows
-    back to 3 at the next one, and ends with the weights of one uninterrupted process (same global batch, seed and
-    steps) in one MLflow run that says so. The custom loop here; README's elastic command is Model.fit's
-    (tests/e2e/test_readme.py, run_elastic)."""
-    name = f"elastic-{executor}"
-    run_dir = runner.root / "runs" / name
-    args = [
-        "strategy=multi_worker_mirrored",
-        "cluster=localhost",
-        "cluster.workers=3",
-        "cross_device_ops=ring",
-        "cluster.elastic.enabled=true",
-        "cluster.elastic.rejoin_after_sec=0",
-        f"executor={executor}",
-        *ELASTIC,
-        f"mlflow.experiment_name={EXPERIMENT}",
-        f"mlflow.run_name={name}",
-    ]
-    live = LiveRun(args, runner.root, run_dir, runner.uri)
-    victim = _pid_of(live, "worker:1")
-    live.wait_for(lambda line: re.search(r"\[worker:0\].* epoch 2/6 step (8|12)/16", line), 240)  # past step 16's checkpoint
-    os.kill(victim, signal.SIGKILL)
-    code, output = live.finish(timeout=300)
-    assert code == 0, output[-4000:]
-    assert "cluster.elastic: lost worker:1: killed by SIGKILL" in output and "going on with 2 worker(s)" in output
-    assert "the lost worker's slot is back" in output and "training again on 3 worker(s)" in output
-    reference = runner(f"elastic-reference-{executor}", ["strategy=default", f"executor={executor}", *ELASTIC])
-    assert reference.returncode == 0, reference.output[-3000:]
-    single = load_weights(reference.run_dir / "model.keras")
-    for a, b in zip(load_weights(run_dir / "worker-0" / "model.keras"), single, strict=True):
-        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
-    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
-    assert run.info.status == "FINISHED"
-    sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
-    assert [m.value for m in sizes] == [3, 2, 3] and sizes[1].step == 16, [(m.step, m.value) for m in sizes]
-    assert run.data.metrics["cluster/restarts"] == 1
-    assert not {"error", "stopped_by"} & set(run.data.tags)  # the generations stopped for a resize do not mark the run
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
-    assert sorted(steps) == list(range(4, 97, 4)), steps  # every logged step once: the redone ones not again
-    resizes = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
-    lost, back = resizes
-    assert (lost["from_workers"], lost["to_workers"], lost["checkpoint_step"]) == (3, 2, 16)
-    assert lost["why"] == "lost worker:1: killed by SIGKILL" and 0 < lost["steps_redone"] <= 16
-    assert (back["from_workers"], back["to_workers"]) == (2, 3) and back["checkpoint_step"] > 16
-    print(f"{executor}: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")

@@ -92,8 +92,8 @@ def _ray_worker_pid(live, task, timeout=120):
     return int(re.search(r"Ray worker pid (\d+)", line).group(1))
 
 
-def test_multi_worker_mirrored_on_ray(ray_cluster, store, executor="custom_loop"):
-    """The custom loop; Model.fit's MWMS job on Ray is the elastic test's below."""
+def test_multi_worker_mirrored_on_ray(ray_cluster, store, executor="fit"):
+    """Model.fit; the custom loop's MWMS job on Ray is the elastic test's below."""
     root, uri = store
     name = f"ray-mwms-{executor}"
     done = run_runner(_args(ray_cluster, name, *MWMS, *TINY, f"executor={executor}"), root, root / "runs" / name, uri)
@@ -157,16 +157,16 @@ def test_a_killed_ray_worker_stops_a_multi_worker_mirrored_job(ray_cluster, stor
 
 
 def test_an_elastic_job_trains_through_a_killed_actor_to_the_weights_of_one_process(ray_cluster, store):
-    """cluster.elastic on Ray, Model.fit: 3 workers; worker:1's Ray worker process is killed after the first
+    """cluster.elastic on Ray, the custom loop, in-memory data: 3 workers; worker:1's Ray worker process is killed after the first
     checkpoint. The job goes on with 2 new actors (a placement group of 2) from that checkpoint, grows back to 3 at
     the next one, and ends with the weights of one uninterrupted process, every Ray resource given back (ray_cluster).
-    tests/e2e/test_cluster.py has the same job on localhost with the custom loop."""
+    tests/e2e/test_tfrecord.py has the same job on localhost on TFRecord files, README's elastic command Model.fit's."""
     root, uri = store
     name = "ray-elastic"
     args = [*MWMS, "cluster.workers=3", "cluster.elastic.enabled=true", "cluster.elastic.rejoin_after_sec=0", *ELASTIC]
-    live = LiveRun(_args(ray_cluster, name, *args, "executor=fit"), root, root / "runs" / name, uri)
+    live = LiveRun(_args(ray_cluster, name, *args, "executor=custom_loop"), root, root / "runs" / name, uri)
     victim = _ray_worker_pid(live, "worker:1")
-    live.wait_for(lambda line: re.search(r"\[worker:0\].* epoch 2/6 step (8|12)/16", line), 240)  # past step 16's
+    live.wait_for(lambda line: re.search(r"\[worker:0\].* epoch 2/12 step (8|12)/16", line), 240)  # past step 16's
     os.kill(victim, signal.SIGKILL)
     code, output = live.finish(timeout=300)
     assert code == 0, output[-4000:]
@@ -176,7 +176,13 @@ def test_an_elastic_job_trains_through_a_killed_actor_to_the_weights_of_one_proc
     losses = _final_losses(output)
     assert len(losses) == 3 and len(set(losses)) == 1, output[-3000:]  # the last generation's workers agree
     reference = run_runner(
-        ["strategy=default", "executor=fit", *ELASTIC, f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=ray-elastic-ref"],
+        [
+            "strategy=default",
+            "executor=custom_loop",
+            *ELASTIC,
+            f"mlflow.experiment_name={EXPERIMENT}",
+            "mlflow.run_name=ray-elastic-ref",
+        ],
         root,
         root / "runs" / "ray-elastic-ref",
         uri,
@@ -189,11 +195,11 @@ def test_an_elastic_job_trains_through_a_killed_actor_to_the_weights_of_one_proc
     assert run.info.status == "FINISHED" and not {"error", "stopped_by"} & set(run.data.tags)
     assert run.data.tags["cluster.name"] == "ray" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
     sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
-    assert [m.value for m in sizes] == [3, 2, 3] and sizes[1].step == 16, [(m.step, m.value) for m in sizes]
+    assert [m.value for m in sizes] == [3, 2, 3], [(m.step, m.value) for m in sizes]
     lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
-    assert (lost["from_workers"], lost["to_workers"], lost["checkpoint_step"]) == (3, 2, 16)
+    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] >= 16
     assert 0 < lost["steps_redone"] <= 16 and (back["from_workers"], back["to_workers"]) == (2, 3)
-    print(f"Ray, fit: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")
+    print(f"Ray, custom loop: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")
 
 
 @pytest.mark.parametrize("flag", ["--help", "--cfg"])

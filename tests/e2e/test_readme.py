@@ -339,7 +339,7 @@ def run_elastic(scratch, tokens):
             stderr=out,
         )
         deadline = time.monotonic() + 300
-        while not re.search(r"\[worker:0\].* epoch 2/6 step (8|12)/16", log_path.read_text()):
+        while not re.search(r"\[worker:0\].* epoch 2/12 step (8|12)/16", log_path.read_text()):
             assert job.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.5)
         kill = TOKENS[next(k for k, (kind, _) in KINDS.items() if kind == "elastic-kill")]

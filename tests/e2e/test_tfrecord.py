@@ -11,19 +11,23 @@ shards are disjoint, their union is every record, and each worker reads each rec
 
 import collections
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, mlflow_run_by_name
+from helpers import ELASTIC, ROOT, LiveRun, load_weights, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: TensorFlow, `python -m runner` and its clusters
 
 MWMS = ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"]
 PS = ["strategy=parameter_server", "cluster=localhost", "cluster.workers=2", "cluster.ps=1"]
+ELASTIC_DATA = [a for a in ELASTIC if a.startswith("data.")]
+ELASTIC_TRAIN = [a for a in ELASTIC if not a.startswith("data.")]
 QUIET = ["mlflow.enabled=false", "checkpoint.enabled=false", "save_model=false"]
 
 
@@ -58,6 +62,7 @@ def files(tmp_path_factory):
     assert "wrote 1438 training and 359 eval records of data=digits" in digits.stdout
     assert digits.stderr.strip() == "", digits.stderr  # TensorFlow's C++ start-up lines (absl, CUDA) were printed
     export(root / "synthetic", "data=synthetic", "data.num_examples=256", "data.eval_examples=64")
+    export(root / "elastic", "data=synthetic", *ELASTIC_DATA)  # the elastic job's: tests/helpers.py's ELASTIC data
     return root
 
 
@@ -296,3 +301,53 @@ def test_mirrored_on_tfrecord_files_matches_the_default_strategy(runner, files):
         worst = max(worst, float(np.max(np.abs(a - b)) / np.max(np.abs(b))))
     assert worst <= 1e-5, worst
     print(f"mirrored (2 replicas) vs default on TFRecord files: largest relative weight difference {worst:.2e}")
+
+
+def test_an_elastic_job_on_tfrecord_files_trains_through_a_lost_worker_to_the_weights_of_one_process(runner, files):
+    """3 workers reading TFRecord files (data.shard_policy=data: each takes its share of every global batch);
+    worker:1 is killed after the first checkpoint: the job goes on with 2 from that checkpoint, grows back to 3 at
+    the next one, and ends with the weights of one uninterrupted process on the same files (same global batch, seed
+    and steps) in one MLflow run that says so. Model.fit; README's elastic command is Model.fit's on in-memory data,
+    tests/e2e/test_ray.py has the custom loop's on Ray."""
+    name, experiment = "elastic-tfrecord", "tfrecord-elastic"
+    run_dir = runner.root / "runs" / name
+    data = [*tfrecord(files / "elastic"), "data.shard_policy=data", *ELASTIC_TRAIN, "executor=fit"]
+    args = [
+        "strategy=multi_worker_mirrored",
+        "cluster=localhost",
+        "cluster.workers=3",
+        "cross_device_ops=ring",
+        "cluster.elastic.enabled=true",
+        "cluster.elastic.rejoin_after_sec=0",
+        *data,
+        f"mlflow.experiment_name={experiment}",
+        f"mlflow.run_name={name}",
+    ]
+    live = LiveRun(args, runner.root, run_dir, runner.uri)
+    line = live.wait_for(lambda line: "started worker:1 (pid" in line, 120)
+    victim = int(re.search(r"pid (\d+)", line).group(1))
+    live.wait_for(lambda line: re.search(r"\[worker:0\].* epoch 2/12 step (8|12)/16", line), 240)  # past step 16's checkpoint
+    os.kill(victim, signal.SIGKILL)
+    code, output = live.finish(timeout=300)
+    assert code == 0, output[-4000:]
+    said = "\n".join(line for line in output.splitlines() if "cluster.elastic" in line or "[worker:0]" in line)
+    assert "cluster.elastic: lost worker:1: killed by SIGKILL" in output and "going on with 2 worker(s)" in output, said
+    assert "the lost worker's slot is back" in output and "training again on 3 worker(s)" in output, said
+    reference = runner("elastic-tfrecord-reference", ["strategy=default", *data, f"mlflow.experiment_name={experiment}"])
+    assert reference.returncode == 0, reference.output[-3000:]
+    single = load_weights(reference.run_dir / "model.keras")
+    for a, b in zip(load_weights(run_dir / "worker-0" / "model.keras"), single, strict=True):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+    client, run = mlflow_run_by_name(runner.uri, experiment, name)
+    assert run.info.status == "FINISHED"
+    sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
+    assert [m.value for m in sizes] == [3, 2, 3], [(m.step, m.value) for m in sizes]
+    assert run.data.metrics["cluster/restarts"] == 1
+    assert not {"error", "stopped_by"} & set(run.data.tags)  # the generations stopped for a resize do not mark the run
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(steps) == list(range(4, 193, 4)), steps  # every logged step once: the redone ones not again
+    lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
+    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] >= 16
+    assert lost["why"] == "lost worker:1: killed by SIGKILL" and 0 < lost["steps_redone"] <= 16
+    assert (back["from_workers"], back["to_workers"]) == (2, 3) and back["checkpoint_step"] > lost["checkpoint_step"]
+    print(f"TFRecord, fit: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")

@@ -100,6 +100,31 @@ def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp
     assert run.tags["cluster.elastic.resizes"] == "1"
 
 
+def test_a_smaller_job_that_reaches_its_last_step_while_stopping_to_grow_back_ends_there(job, tmp_path):
+    """The back-off is over at its first checkpoint, but the trainers finish (exit 0) before the SIGTERM stops them:
+    the job is done, no third generation starts (the fixture would have none to give) and no regrowth is recorded."""
+    (tmp_path / "checkpoints").mkdir()
+    index = tmp_path / "checkpoints" / "checkpoint"
+    index.write_text('model_checkpoint_path: "ckpt-8"\n')
+    first = {
+        "worker:0": script(PROGRESS, "time.sleep(120)"),
+        "worker:1": script("time.sleep(0.5)", "os.kill(os.getpid(), signal.SIGKILL)"),
+        "worker:2": script("time.sleep(120)"),
+    }
+    finishing = ["signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))", "time.sleep(120)"]
+    writes = f"open({str(index)!r}, 'w').write('model_checkpoint_path: \"ckpt-16\"\\n')"
+    second = {
+        "worker:0": script(PROGRESS.replace("step 3/8", "step 5/8"), writes, *finishing),
+        "worker:1": script(*finishing),
+    }
+    cfg, tasks, rebuild, made = job(["cluster.workers=3", "cluster.elastic.rejoin_after_sec=0"], [first, second])
+    run = Recorded()
+    _supervise(cfg, tasks, rebuild, run)
+    assert len(made) == 2 and [t.proc.returncode for t in tasks] == [0, 0]
+    assert [values["cluster/world_size"] for _, values in run.metrics] == [3.0, 2.0]
+    assert [r["to_workers"] for r in json.loads(run.texts["elastic/resizes.json"])] == [2]
+
+
 @pytest.mark.parametrize(
     "overrides, said",
     [
@@ -150,8 +175,12 @@ def test_the_killed_worker_is_blamed_not_the_peer_that_gave_up_on_it_first(job, 
         (["cluster.workers=3", "cluster.elastic.min_workers=3"], "such a job cannot train through a single loss"),
         (["cluster.workers=3"], "train.global_batch_size=64 does not divide over 3 worker(s)"),
         (["cluster.workers=3", "train.global_batch_size=60", "data.input=from_function"], "data.input=from_function"),
-        (["train.global_batch_size=60", "data.input=numpy"], "Elastic jobs read in-memory data with data.input=tf_data"),
-        (["data=tfrecord", "data.train_files=/x/*.tfrecord"], "with data=tfrecord"),
+        (
+            ["train.global_batch_size=60", "data.input=numpy"],
+            "Elastic jobs read in-memory data or TFRecord files (data.shard_policy=data) with data.input=tf_data",
+        ),
+        (["data=tfrecord", "data.train_files=/x/*.tfrecord"], "Set data.shard_policy=data"),
+        (["data=tfrecord", "data.train_files=/x/*.tfrecord", "data.shard_policy=file"], "data.shard_policy=file: split by file"),
     ],
 )
 def test_settings_it_cannot_keep_are_refused_before_tensorflow(overrides, said):
@@ -160,8 +189,10 @@ def test_settings_it_cannot_keep_are_refused_before_tensorflow(overrides, said):
     assert said in str(err.value)
 
 
-def test_cluster_ray_may_be_elastic():
+def test_cluster_ray_and_tfrecord_files_read_by_every_worker_may_be_elastic():
     validate.check_config(helpers.composed(*ELASTIC, "cluster=ray"))  # its launcher is localhost's, with actors
+    files = ["data=tfrecord", "data.train_files=/x/*.tfrecord", "data.shard_policy=data", "train.global_batch_size=60"]
+    validate.check_config(helpers.composed(*ELASTIC, "cluster.workers=3", *files))
 
 
 def test_off_by_default_and_the_tasks_know_when_it_is_on(tmp_path):

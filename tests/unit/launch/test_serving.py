@@ -23,6 +23,7 @@ def exits(monkeypatch):
 
     monkeypatch.setattr(serving, "_exit", fake_exit)
     monkeypatch.setattr(serving, "POLL_SEC", 0.05)
+    monkeypatch.setattr(serving, "UP_POLL_SEC", 0.05)
     return calls
 
 
