@@ -64,10 +64,17 @@ def _import_tensorflow(devices_cfg):
         from runner.builders.devices import build_devices
 
         tf.get_logger().setLevel(logging.ERROR)
+        tf.get_logger().addFilter(_not_the_coordinators_closure_errors)
         import absl.logging
 
         absl.logging.set_verbosity(absl.logging.ERROR)
         return tf, build_devices(devices_cfg)
+
+
+def _not_the_coordinators_closure_errors(record: logging.LogRecord) -> bool:
+    """The parameter-server coordinator logs a page per failed closure when a task is lost; the error then reaches
+    the training loop, which says in one paragraph which task was lost and what to do (runner.launch.peers)."""
+    return not record.pathname.endswith(os.path.join("coordinator", "cluster_coordinator.py"))
 
 
 def _checkpoints_of(cfg):

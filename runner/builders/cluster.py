@@ -39,7 +39,8 @@ class TFConfigClusterConfig(ClusterConfig):
 @dataclass
 class ElasticConfig:
     """Elastic multi-worker training (runner.launch.elastic): a lost worker costs the steps since the last checkpoint,
-    not the run. The launcher restarts the tasks that remain from that checkpoint, with the same global batch."""
+    not the run. The launcher restarts the tasks that remain from that checkpoint, with the same global batch (under
+    parameter_server: a lost parameter server restarts every task at the same size)."""
 
     enabled: bool = False
     min_workers: int = ranged(1, ge=1)  # fewer left than this ends the job (exit 3), as a loss does without elasticity
@@ -58,7 +59,7 @@ class LocalhostClusterConfig(ClusterConfig):
     failure_grace_sec: float = ranged(5.0, ge=0)  # after a task dies, how long the others get to exit before they are killed
     stop_grace_sec: float = ranged(60.0, ge=0)  # on Ctrl-C or SIGTERM: how long trainers get to write their checkpoint
     restart_workers: int = ranged(3, ge=0)  # parameter_server: restart a dead worker or ps task up to this many times
-    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # multi_worker_mirrored: train through a lost worker
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # train through a lost worker (or parameter server)
 
 
 @dataclass

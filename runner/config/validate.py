@@ -300,11 +300,11 @@ def elastic(cfg):
             f"{where}: elastic training is launched by cluster=localhost and cluster=ray so far (their launcher "
             "restarts the tasks); use one of them, or cluster.elastic.enabled=false."
         )
-    if cfg.strategy.name != "multi_worker_mirrored":
+    if cfg.strategy.name not in ("multi_worker_mirrored", "parameter_server"):
         raise ConfigError(
-            f"{where}: elastic training restarts a multi_worker_mirrored job at another size; a parameter_server job "
-            "already trains through a lost worker (the coordinator reschedules its steps, cluster.restart_workers). "
-            "Use strategy=multi_worker_mirrored, or cluster.elastic.enabled=false."
+            f"{where}: elastic training restarts a multi_worker_mirrored job at another size, and a parameter_server "
+            "job whose parameter server is lost; other strategies run in one process. Use one of them, or "
+            "cluster.elastic.enabled=false."
         )
     if settings.min_workers > cfg.cluster.workers:
         raise ConfigError(
@@ -320,6 +320,8 @@ def elastic(cfg):
         raise ConfigError(
             f"{where} with cluster.evaluator=true: the side-car evaluator follows one generation of tasks; leave one of them out."
         )
+    if cfg.strategy.name == "parameter_server":  # restarted whole at its own size: the same global batches
+        return
     if cfg.cluster.workers < 2 or settings.min_workers == cfg.cluster.workers:
         raise ConfigError(
             f"{where} with cluster.workers={cfg.cluster.workers} and cluster.elastic.min_workers={settings.min_workers}: "

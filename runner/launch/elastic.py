@@ -10,6 +10,10 @@ a schedule follows the optimizer's step. Once `rejoin_after_sec` has passed, the
 checkpoint the smaller job writes: the trainers are stopped with SIGTERM (they checkpoint at a step they agree on)
 and the job starts again at its full size.
 
+Under parameter_server a lost worker is already rescheduled by the coordinator (cluster.restart_workers); a lost
+parameter server, which the coordinator cannot survive, restarts the whole job at the same size from the last
+checkpoint, with the same global batch.
+
 What MLflow shows: `cluster/world_size` at each size's first step, `cluster/restarts`, and one record per resize in
 the artifact elastic/resizes.json (the lost task and why, the step it was lost at, the checkpoint's step, the steps
 redone, how long until the first step at the new size).
@@ -68,6 +72,7 @@ class Membership:
     def __init__(self, cfg, run):
         self.cfg, self.run = cfg, run
         self.full = self.size = int(cfg.cluster.workers)
+        self.shrinks = cfg.strategy.name == "multi_worker_mirrored"  # parameter_server: the job restarts at its size
         self.losses, self.records = 0, []
         self.directory = layout.checkpoint_dir(cfg)
         self.started_at = time.monotonic()
@@ -80,17 +85,20 @@ class Membership:
         """A worker was lost: the size to go on at, or ClusterError (exit 3) past the limits."""
         elastic = self.cfg.cluster.elastic
         self.losses += 1
-        left = self.size - 1
+        left = self.size - 1 if self.shrinks else self.size
         if self.losses > elastic.max_restarts:
             limit = f"this is loss {self.losses}, past max_restarts={elastic.max_restarts}"
             raise ClusterError(f"{err} (cluster.elastic: {limit})")
-        if left < elastic.min_workers:
+        if left < elastic.min_workers and self.shrinks:
             limit = f"{left} worker(s) would be left, below min_workers={elastic.min_workers}"
             raise ClusterError(f"{err} (cluster.elastic: {limit})")
         if self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
             self.grown_back_lost = True  # lost again after growing back: no flapping
         self._resize(left, f"lost {err.task.name}: {err.note}", tasks[0].step)
         return left
+
+    def _going_on(self, size: int) -> str:
+        return f"going on with {size} worker(s)" if self.shrinks else f"restarting every task ({size} worker(s))"
 
     def _resize(self, size: int, why: str, at_step) -> None:
         self.close_open()
@@ -106,10 +114,10 @@ class Membership:
         }
         self._started = time.monotonic()
         log.warning(
-            "cluster.elastic: %s at step %s; going on with %d worker(s) from the checkpoint at step %d",
+            "cluster.elastic: %s at step %s; %s from the checkpoint at step %d",
             why,
             at_step if at_step is not None else "?",
-            size,
+            self._going_on(size),
             checkpoint,
         )
         self.size, self.base_step, self.started_at = size, checkpoint, time.monotonic()
@@ -161,13 +169,13 @@ class Membership:
             raise _Grow()
 
 
-def _blamed(err, tasks, trainers):
+def _blamed(err, tasks):
     """The trainer to blame: one that died by a signal (killed) rather than a peer that gave up on it (exit 3),
-    looked for among those that ended within BLAME_SEC of the first."""
+    looked for among those that ended within BLAME_SEC of the first (a parameter server among them)."""
     time.sleep(BLAME_SEC)
     if err.code < 0 or err.code == 137:
         return err
-    for t in trainers(tasks):
+    for t in tasks:
         code = t.proc.poll()
         if code is not None and (code < 0 or code == 137):
             note = t.exit_note(code)
@@ -195,7 +203,7 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
             membership.close_open()
             return
         except TaskLost as first:
-            err = _blamed(first, tasks, trainers)
+            err = _blamed(first, tasks)
             if not is_loss(err.code):  # an error that would come back at any size: the job ends as without elasticity
                 membership.close_open()
                 raise ClusterError(str(err)) from None

@@ -253,7 +253,8 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
                 continue
             if code == stopping.EXIT_CODES[signal.SIGTERM] and not t.is_server:
                 raise TaskPreempted(signal.SIGTERM, f"task {t.name} was preempted (SIGTERM) and the trainers stopped together")
-            if t.is_server and t.restarts < cfg.cluster.restart_workers:
+            whole_job = t.type == "ps" and elastic.enabled(cfg)  # the coordinator cannot survive it: the job restarts
+            if t.is_server and t.restarts < cfg.cluster.restart_workers and not whole_job:
                 t.restarts += 1
                 log.warning(
                     "%s stopped (%s); restarting it (%d/%d)", t.name, t.exit_note(code), t.restarts, cfg.cluster.restart_workers
@@ -280,7 +281,7 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
                 f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "
                 "continue from the last checkpoint."
             )
-            raise TaskLost(message, t, t.exit_note(code), code) if t in trainers else ClusterError(message)
+            raise TaskLost(message, t, t.exit_note(code), code) if t in trainers or whole_job else ClusterError(message)
         if all(t.proc.poll() == 0 for t in trainers):
             evaluators = [t for t in tasks if t.type == "evaluator"]
             for t in evaluators:  # it ends by itself after the last checkpoint

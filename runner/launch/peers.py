@@ -67,9 +67,10 @@ def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoi
         return None
     who = ", ".join(f"{t} ({_address_of(t, jobs)})" for t in lost) if lost else "a peer task (TensorFlow did not say which)"
     if os.environ.get(contract.ELASTIC):  # the launcher restarts the job without the lost task (runner.launch.elastic)
+        goes_on = "restarts the job" if "ps" in jobs else "goes on without it"  # parameter_server: every task again
         return ClusterError(
             f"task {me} lost contact with {who}: it {how} ({type(err).__name__}); stopping for the elastic launcher, "
-            f"which goes on without it ({layout.checkpoint_note(checkpoint_dir)})."
+            f"which {goes_on} ({layout.checkpoint_note(checkpoint_dir)})."
         )
     resume = f" resume={output_dir}" if output_dir else " resume=<its output directory>"
     return ClusterError(

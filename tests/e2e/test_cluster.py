@@ -201,19 +201,38 @@ def test_dead_mwms_worker_stops_the_job_and_the_rerun_resumes(runner):
     assert re.search(r"resumed from checkpoint at step [1-9]\d+", again.output)
 
 
-def test_parameter_server_survives_a_worker_that_dies_and_comes_back(runner):
+def test_parameter_server_survives_a_lost_worker_and_with_elastic_a_lost_parameter_server(runner):
+    """worker:1 killed: the launcher restarts it and the coordinator reschedules its steps. Then ps:0 killed, which
+    the coordinator cannot survive: with cluster.elastic the whole job restarts at its size from the last checkpoint,
+    in the same MLflow run, and finishes every step."""
     run_dir = runner.root / "runs" / "ps-death"
-    args = [*PS, *_long("custom_loop"), "train.epochs=12", f"mlflow.experiment_name={EXPERIMENT}", "mlflow.run_name=ps-death"]
+    args = [
+        *PS,
+        *_long("custom_loop"),
+        "train.epochs=12",
+        "cluster.elastic.enabled=true",
+        f"mlflow.experiment_name={EXPERIMENT}",
+        "mlflow.run_name=ps-death",
+    ]
     live = LiveRun(args, runner.root, run_dir, runner.uri)
     victim = _pid_of(live, "worker:1")
+    server = _pid_of(live, "ps:0")
     live.wait_for(lambda line: re.search(r"\[chief:0\].*step \d+/", line), 180)
     os.kill(victim, signal.SIGKILL)
+    live.wait_for(lambda line: "worker:1 stopped (killed by SIGKILL); restarting it" in line, 60)
+    live.wait_for(lambda line: re.search(r"\[chief:0\].*epoch ([3-9]|1\d)/12", line), 180)  # past a checkpoint
+    os.kill(server, signal.SIGKILL)
     code, output = live.finish(timeout=300)
     assert code == 0, output[-4000:]
-    assert "worker:1 stopped (killed by SIGKILL); restarting it" in output
-    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ps-death")
-    assert run.info.status == "FINISHED"
-    assert run.data.metrics["steps/worker_0"] + run.data.metrics["steps/worker_1"] == 12 * 64
+    assert "cluster.elastic: lost ps:0: killed by SIGKILL" in output and "restarting every task (2 worker(s))" in output
+    assert "encountered the following error when processing closure" not in output  # the coordinator's pages: one line
+    assert re.search(r"\[chief:0\].*resumed from checkpoint at step [1-9]\d+", output), output[-3000:]
+    assert re.search(r"\[chief:0\].*done: 768 steps", output), output[-3000:]
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ps-death")
+    assert run.info.status == "FINISHED" and run.data.metrics["cluster/restarts"] == 1
+    (record,) = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
+    assert (record["from_workers"], record["to_workers"]) == (2, 2) and record["why"] == "lost ps:0: killed by SIGKILL"
+    assert 0 <= record["steps_redone"] <= 40, record  # at most checkpoint.every_n_steps
 
 
 def _free_port_pair():

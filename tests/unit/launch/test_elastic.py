@@ -167,7 +167,7 @@ def test_the_killed_worker_is_blamed_not_the_peer_that_gave_up_on_it_first(job, 
 @pytest.mark.parametrize(
     "overrides, said",
     [
-        (["strategy=parameter_server", "cluster.ps=1", "executor=custom_loop"], "already trains through a lost worker"),
+        (["strategy=mirrored"], "other strategies run in one process"),
         (["cluster.workers=2", "cluster.elastic.min_workers=3"], "min_workers=3 is above the job's cluster.workers=2"),
         (["checkpoint.enabled=false"], "checkpoint.enabled=false writes none"),
         (["cluster.evaluator=true"], "with cluster.evaluator=true"),
@@ -189,10 +189,12 @@ def test_settings_it_cannot_keep_are_refused_before_tensorflow(overrides, said):
     assert said in str(err.value)
 
 
-def test_cluster_ray_and_tfrecord_files_read_by_every_worker_may_be_elastic():
+def test_cluster_ray_tfrecord_files_read_by_every_worker_and_parameter_server_may_be_elastic():
     validate.check_config(helpers.composed(*ELASTIC, "cluster=ray"))  # its launcher is localhost's, with actors
     files = ["data=tfrecord", "data.train_files=/x/*.tfrecord", "data.shard_policy=data", "train.global_batch_size=60"]
     validate.check_config(helpers.composed(*ELASTIC, "cluster.workers=3", *files))
+    ps = ["strategy=parameter_server", "cross_device_ops=auto", "cluster.ps=1", "cluster.workers=1"]  # restarted whole
+    validate.check_config(helpers.composed(*ELASTIC, *ps))
 
 
 def test_off_by_default_and_the_tasks_know_when_it_is_on(tmp_path):
