@@ -1080,7 +1080,8 @@ def test_the_dashboard_shows_the_sweep_in_chromium(request, tmp_path):
     from playwright.sync_api import sync_playwright
 
     _, _, _, parent, children = _grid(request)
-    scratch, _ = request.getfixturevalue("results")
+    scratch, result = request.getfixturevalue("results")
+    elastic = _run_of(scratch, result(next(k for k, (kind, _) in KINDS.items() if kind == "elastic"))[1])
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "runner.dashboard", "--tracking-uri", scratch.uri, "--port", str(port)],
@@ -1132,8 +1133,15 @@ def test_the_dashboard_shows_the_sweep_in_chromium(request, tmp_path):
             page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}/system-metrics")
             page.get_by_text("cpu_utilization_percentage", exact=True).first.wait_for(timeout=60_000)
             page.screenshot(path=str(tmp_path / "dashboard-system-metrics.png"))
+            # README's elastic job: its world size over the steps, charted with the loss in the run's Model metrics
+            # (a section per prefix: cluster's restarts and world_size, loss's per-replica curves).
+            page.goto(f"{base}/#/experiments/{elastic.info.experiment_id}/runs/{elastic.info.run_id}/model-metrics")
+            for chart in ("world_size", "restarts", "replica_0"):
+                page.get_by_text(chart, exact=True).first.wait_for(timeout=60_000)
+            page.get_by_text(f"{elastic.info.run_name} (cluster/world_size)", exact=True).first.wait_for(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "dashboard-elastic.png"))
             browser.close()
-        for shot in ("dashboard-runs.png", "dashboard-system-metrics.png"):
+        for shot in ("dashboard-runs.png", "dashboard-system-metrics.png", "dashboard-elastic.png"):
             assert (tmp_path / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot
     finally:
         os.killpg(server.pid, signal.SIGTERM)
