@@ -10,6 +10,9 @@ a schedule follows the optimizer's step. Once `rejoin_after_sec` has passed, the
 checkpoint the smaller job writes: the trainers are stopped with SIGTERM (they checkpoint at a step they agree on)
 and the job starts again at its full size.
 
+A trainer preempted (SIGTERM from outside, as a node's preemption notice) makes every trainer checkpoint at a step
+they agree on; the job then goes on without it from that checkpoint, no step redone, and grows back as after a loss.
+
 Under parameter_server a lost worker is already rescheduled by the coordinator (cluster.restart_workers); a lost
 parameter server, which the coordinator cannot survive, restarts the whole job at the same size from the last
 checkpoint, with the same global batch.
@@ -27,6 +30,7 @@ import time
 from omegaconf import OmegaConf
 
 from runner.config import layout
+from runner.control import stopping
 from runner.errors import ClusterError
 
 log = logging.getLogger("runner")
@@ -39,6 +43,11 @@ class TaskLost(ClusterError):
     def __init__(self, message: str, task, note: str, code: int):
         super().__init__(message)
         self.task, self.note, self.code = task, note, code
+
+
+class TaskPreempted(stopping.Stopped):
+    """A trainer exited after a preemption notice (SIGTERM): its peers are stopping too, at the step they agreed on.
+    The elastic launcher goes on without the task(s) told; otherwise the job ends KILLED (runner.launch.localhost)."""
 
 
 class _Grow(Exception):
@@ -95,6 +104,19 @@ class Membership:
         if self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
             self.grown_back_lost = True  # lost again after growing back: no flapping
         self._resize(left, f"lost {err.task.name}: {err.note}", tasks[0].step)
+        return left
+
+    def preempted(self, told, tasks) -> int | None:
+        """Trainers were preempted and every trainer checkpointed at the step they agreed on: the size to go on at
+        without them, or None (nobody was told, or past the limits: the job ends KILLED, as without elasticity)."""
+        elastic = self.cfg.cluster.elastic
+        left = self.size - len(told)
+        if not told or not self.shrinks or self.losses >= elastic.max_restarts or left < elastic.min_workers:
+            return None
+        self.losses += 1
+        if self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
+            self.grown_back_lost = True
+        self._resize(left, f"{', '.join(t.name for t in told)} preempted (SIGTERM)", tasks[0].step)
         return left
 
     def _going_on(self, size: int) -> str:
@@ -216,6 +238,19 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
             size = membership.lost(err, tasks)  # after they are gone: the checkpoint named is the one restored
             if ended_by_itself and chief.step is not None:
                 membership.logged_through = max(membership.logged_through or 0, chief.step)
+        except TaskPreempted:
+            wait_for(trainers(tasks), cfg.cluster.stop_grace_sec)  # they are checkpointing at the step they agreed on
+            told = [t for t in trainers(tasks) if t.notified]
+            stop_all(tasks, cfg.cluster.failure_grace_sec)
+            if all(t.proc.returncode == 0 for t in trainers(tasks)):  # they reached the last step before they stopped
+                membership.close_open()
+                return
+            size = membership.preempted(told, tasks)
+            if size is None:
+                membership.close_open()
+                raise
+            if tasks[0].step is not None:  # they ended by themselves: what they logged was delivered
+                membership.logged_through = max(membership.logged_through or 0, tasks[0].step)
         except _Grow:
             size = membership.grow(tasks[0].step)
             for t in trainers(tasks):  # they checkpoint at a step they agree on, then exit

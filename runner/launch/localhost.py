@@ -24,7 +24,7 @@ from runner.config import layout
 from runner.control import contract, procs, stopping
 from runner.errors import ClusterError, ConfigError
 from runner.launch import elastic
-from runner.launch.elastic import TaskLost
+from runner.launch.elastic import TaskLost, TaskPreempted
 from runner.tracking.run import mlflow_run, where_line
 
 log = logging.getLogger("runner")
@@ -142,10 +142,6 @@ class Task:
             log.warning("%s did not stop in time; killing it", self.name)
             self.signal(signal.SIGKILL)
             self.proc.wait()
-
-
-class TaskPreempted(stopping.Stopped):
-    """A trainer exited after a preemption notice: its peers are stopping too, at the step they agreed on."""
 
 
 def wait_for(tasks: list["Task"], seconds: float) -> None:

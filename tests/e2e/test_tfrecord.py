@@ -303,12 +303,12 @@ def test_mirrored_on_tfrecord_files_matches_the_default_strategy(runner, files):
     print(f"mirrored (2 replicas) vs default on TFRecord files: largest relative weight difference {worst:.2e}")
 
 
-def test_an_elastic_job_on_tfrecord_files_trains_through_a_lost_worker_to_the_weights_of_one_process(runner, files):
+def test_an_elastic_job_on_tfrecord_files_trains_through_a_preempted_worker_to_the_weights_of_one_process(runner, files):
     """3 workers reading TFRecord files (data.shard_policy=data: each takes its share of every global batch);
-    worker:1 is killed after the first checkpoint: the job goes on with 2 from that checkpoint, grows back to 3 at
-    the next one, and ends with the weights of one uninterrupted process on the same files (same global batch, seed
-    and steps) in one MLflow run that says so. Model.fit; README's elastic command is Model.fit's on in-memory data,
-    tests/e2e/test_ray.py has the custom loop's on Ray."""
+    worker:1 is preempted (SIGTERM) after the first checkpoint: every worker checkpoints at the step they agree on, the
+    job goes on with 2 from there (no step redone), grows back to 3 at the next checkpoint, and ends with the weights of one uninterrupted process on the same files (same global batch, seed
+    and steps) in one MLflow run that says so. Model.fit, a mid-epoch checkpoint; README's elastic command (a worker
+    killed) is Model.fit's on in-memory data, tests/e2e/test_ray.py (an actor killed) the custom loop's on Ray."""
     name, experiment = "elastic-tfrecord", "tfrecord-elastic"
     run_dir = runner.root / "runs" / name
     data = [*tfrecord(files / "elastic"), "data.shard_policy=data", *ELASTIC_TRAIN, "executor=fit"]
@@ -327,11 +327,11 @@ def test_an_elastic_job_on_tfrecord_files_trains_through_a_lost_worker_to_the_we
     line = live.wait_for(lambda line: "started worker:1 (pid" in line, 120)
     victim = int(re.search(r"pid (\d+)", line).group(1))
     live.wait_for(lambda line: re.search(r"\[worker:0\].* epoch 2/12 step (8|12)/16", line), 240)  # past step 16's checkpoint
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, signal.SIGTERM)
     code, output = live.finish(timeout=300)
     assert code == 0, output[-4000:]
     said = "\n".join(line for line in output.splitlines() if "cluster.elastic" in line or "[worker:0]" in line)
-    assert "cluster.elastic: lost worker:1: killed by SIGKILL" in output and "going on with 2 worker(s)" in output, said
+    assert "cluster.elastic: worker:1 preempted (SIGTERM)" in output and "going on with 2 worker(s)" in output, said
     assert "the lost worker's slot is back" in output and "training again on 3 worker(s)" in output, said
     reference = runner("elastic-tfrecord-reference", ["strategy=default", *data, f"mlflow.experiment_name={experiment}"])
     assert reference.returncode == 0, reference.output[-3000:]
@@ -347,7 +347,7 @@ def test_an_elastic_job_on_tfrecord_files_trains_through_a_lost_worker_to_the_we
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
     assert sorted(steps) == list(range(4, 193, 4)), steps  # every logged step once: the redone ones not again
     lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
-    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] >= 16
-    assert lost["why"] == "lost worker:1: killed by SIGKILL" and 0 < lost["steps_redone"] <= 16
+    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] > 16
+    assert lost["why"] == "worker:1 preempted (SIGTERM)" and lost["steps_redone"] == 0
     assert (back["from_workers"], back["to_workers"]) == (2, 3) and back["checkpoint_step"] > lost["checkpoint_step"]
     print(f"TFRecord, fit: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")

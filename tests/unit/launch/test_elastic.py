@@ -125,6 +125,43 @@ def test_a_smaller_job_that_reaches_its_last_step_while_stopping_to_grow_back_en
     assert [r["to_workers"] for r in json.loads(run.texts["elastic/resizes.json"])] == [2]
 
 
+def _preempted_first_generation(tmp_path):
+    """worker:1 says it got SIGTERM and every trainer exits 143 after the checkpoint they agreed on (step 16)."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-16"\n')
+    notice = (
+        "print('[00:00:00][WARNING] SIGTERM received: stopping at the next step boundary every worker agrees on', flush=True)"
+    )
+    return {
+        "worker:0": script(PROGRESS, "time.sleep(0.6)", "sys.exit(143)"),
+        "worker:1": script(notice, "time.sleep(0.3)", "sys.exit(143)"),
+        "worker:2": script("time.sleep(0.6)", "sys.exit(143)"),
+    }
+
+
+def test_a_preempted_worker_is_left_out_from_the_checkpoint_they_agreed_on_with_no_step_redone(job, tmp_path):
+    first = _preempted_first_generation(tmp_path)
+    second = {"worker:0": script(PROGRESS.replace("step 3/8", "step 5/8")), "worker:1": script("pass")}
+    cfg, tasks, rebuild, made = job(["cluster.workers=3", "cluster.elastic.rejoin_after_sec=null"], [first, second])
+    run = Recorded()
+    _supervise(cfg, tasks, rebuild, run)
+    assert len(made) == 2 and [t.name for t in tasks] == ["worker:0", "worker:1"]
+    assert [(step, values["cluster/world_size"]) for step, values in run.metrics] == [(16, 3.0), (16, 2.0)]
+    (record,) = json.loads(run.texts["elastic/resizes.json"])
+    assert record["why"] == "worker:1 preempted (SIGTERM)" and (record["checkpoint_step"], record["steps_redone"]) == (16, 0)
+
+
+def test_a_preemption_past_the_limits_ends_the_job_as_without_elasticity(job, tmp_path):
+    from runner.launch.elastic import TaskPreempted
+
+    cfg, tasks, rebuild, made = job(
+        ["cluster.workers=3", "cluster.elastic.min_workers=3"], [_preempted_first_generation(tmp_path)]
+    )
+    with pytest.raises(TaskPreempted):  # runner.launch.localhost ends the run KILLED (exit 143), naming the task
+        _supervise(cfg, tasks, rebuild, Recorded())
+    assert len(made) == 1
+
+
 @pytest.mark.parametrize(
     "overrides, said",
     [
