@@ -306,9 +306,10 @@ def test_mirrored_on_tfrecord_files_matches_the_default_strategy(runner, files):
 def test_an_elastic_job_on_tfrecord_files_trains_through_a_preempted_worker_to_the_weights_of_one_process(runner, files):
     """3 workers reading TFRecord files (data.shard_policy=data: each takes its share of every global batch);
     worker:1 is preempted (SIGTERM) after the first checkpoint: every worker checkpoints at the step they agree on, the
-    job goes on with 2 from there (no step redone), grows back to 3 at the next checkpoint, and ends with the weights of one uninterrupted process on the same files (same global batch, seed
-    and steps) in one MLflow run that says so. Model.fit, a mid-epoch checkpoint; README's elastic command (a worker
-    killed) is Model.fit's on in-memory data, tests/e2e/test_ray.py (an actor killed) the custom loop's on Ray."""
+    job goes on with 2 from there (no step redone), grows back to 3 at the next checkpoint, and ends with the weights
+    of one uninterrupted process on the same files (same global batch, seed and steps) in one MLflow run that says so.
+    Model.fit, a mid-epoch checkpoint; README's elastic command (a worker killed) is Model.fit's on in-memory data,
+    tests/e2e/test_ray.py (an actor killed) the custom loop's on Ray."""
     name, experiment = "elastic-tfrecord", "tfrecord-elastic"
     run_dir = runner.root / "runs" / name
     data = [*tfrecord(files / "elastic"), "data.shard_policy=data", *ELASTIC_TRAIN, "executor=fit"]
