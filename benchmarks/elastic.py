@@ -20,18 +20,18 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers import ELASTIC  # noqa: E402  (tests/helpers.py: the elastic tests' training, shared)
+
 JOB = [
     "strategy=multi_worker_mirrored",
     "cluster=localhost",
     "cross_device_ops=ring",
     "cluster.elastic.enabled=true",
     "cluster.elastic.rejoin_after_sec=0",
-    "data.num_examples=960",
-    "data.eval_examples=120",
-    "train.global_batch_size=60",
-    "train.epochs=12",
-    "train.log_every_n_steps=4",
-    "checkpoint.every_n_steps=16",
+    *ELASTIC,
 ]
 
 

@@ -145,6 +145,31 @@ def load_weights(path):
     return tf_keras.models.load_model(path, compile=False).get_weights()
 
 
+def check_elastic_run(uri, experiment, name, job_model, reference_model):
+    """What every elastic job of ELASTIC that lost one worker and grew back must show (tests/e2e/test_tfrecord.py,
+    test_ray.py): the weights of one uninterrupted process (1e-5), one FINISHED run unmarked by the generations
+    stopped for a resize, world size 3 -> 2 -> 3 from the loss's checkpoint on, one restart, every logged step once.
+    Returns (the loss's record, the regrowth's record) from elastic/resizes.json."""
+    import json
+
+    import numpy as np
+
+    single = load_weights(reference_model)
+    for a, b in zip(load_weights(job_model), single, strict=True):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+    client, run = mlflow_run_by_name(uri, experiment, name)
+    assert run.info.status == "FINISHED" and not {"error", "stopped_by"} & set(run.data.tags), run.data.tags
+    assert run.data.metrics["cluster/restarts"] == 1
+    sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
+    assert [m.value for m in sizes] == [3, 2, 3], [(m.step, m.value) for m in sizes]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(steps) == list(range(4, 193, 4)), steps  # every logged step once: the redone ones not again
+    lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
+    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] >= 16
+    assert (back["from_workers"], back["to_workers"]) == (2, 3) and back["checkpoint_step"] > lost["checkpoint_step"]
+    return run, lost, back
+
+
 def processes_with(*entries: str) -> list[int]:
     """PIDs of live processes whose environment holds every entry: `NAME` (any value) or `NAME=value` (exactly).
 

@@ -101,8 +101,6 @@ class Membership:
         if left < elastic.min_workers and self.shrinks:
             limit = f"{left} worker(s) would be left, below min_workers={elastic.min_workers}"
             raise ClusterError(f"{err} (cluster.elastic: {limit})")
-        if self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
-            self.grown_back_lost = True  # lost again after growing back: no flapping
         self._resize(left, f"lost {err.task.name}: {err.note}", tasks[0].step)
         return left
 
@@ -114,16 +112,21 @@ class Membership:
         if not told or not self.shrinks or self.losses >= elastic.max_restarts or left < elastic.min_workers:
             return None
         self.losses += 1
-        if self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
-            self.grown_back_lost = True
         self._resize(left, f"{', '.join(t.name for t in told)} preempted (SIGTERM)", tasks[0].step)
         return left
 
     def _going_on(self, size: int) -> str:
         return f"going on with {size} worker(s)" if self.shrinks else f"restarting every task ({size} worker(s))"
 
+    def delivered(self, step) -> None:
+        """A generation ended by itself at `step` (its metrics were delivered): the next one does not log it again."""
+        if step is not None:
+            self.logged_through = max(self.logged_through or 0, step)
+
     def _resize(self, size: int, why: str, at_step) -> None:
         self.close_open()
+        if size < self.size == self.full and self.records and self.records[-1]["to_workers"] == self.full:
+            self.grown_back_lost = True  # a slot lost again after growing back: no flapping
         checkpoint = layout.latest_checkpoint_step(self.directory) or 0
         self.pending = {
             "from_workers": self.size,
@@ -236,8 +239,8 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
             for t in tasks:
                 t.proc.wait()
             size = membership.lost(err, tasks)  # after they are gone: the checkpoint named is the one restored
-            if ended_by_itself and chief.step is not None:
-                membership.logged_through = max(membership.logged_through or 0, chief.step)
+            if ended_by_itself:
+                membership.delivered(chief.step)
         except TaskPreempted:
             wait_for(trainers(tasks), cfg.cluster.stop_grace_sec)  # they are checkpointing at the step they agreed on
             told = [t for t in trainers(tasks) if t.notified]
@@ -249,8 +252,7 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
             if size is None:
                 membership.close_open()
                 raise
-            if tasks[0].step is not None:  # they ended by themselves: what they logged was delivered
-                membership.logged_through = max(membership.logged_through or 0, tasks[0].step)
+            membership.delivered(tasks[0].step)
         except _Grow:
             size = membership.grow(tasks[0].step)
             for t in trainers(tasks):  # they checkpoint at a step they agree on, then exit
@@ -264,8 +266,7 @@ def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers,
             step = layout.latest_checkpoint_step(membership.directory) or 0  # the one they wrote on SIGTERM
             membership.pending.update(checkpoint_step=step, steps_redone=0)
             membership.base_step = step
-            if tasks[0].step is not None:  # they ended by themselves: what they logged was delivered
-                membership.logged_through = max(membership.logged_through or 0, tasks[0].step)
+            membership.delivered(tasks[0].step)  # they ended by themselves
         for t in tasks:
             for pump in t.pumps:
                 pump.join(timeout=2)

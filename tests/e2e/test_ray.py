@@ -4,21 +4,19 @@ exit codes and MLflow run are cluster=localhost's. A Ray worker process killed w
 stops (exit 3, run FAILED, the task named), a parameter-server worker is restarted. Skipped with the reason where Ray
 cannot be imported."""
 
-import json
 import os
 import re
 import signal
 import time
 import uuid
 
-import numpy as np
 import pytest
 
 from helpers import (
     CLUSTER_TINY,
     ELASTIC,
     LiveRun,
-    load_weights,
+    check_elastic_run,
     mlflow_run_by_name,
     processes_with,
     run_runner,
@@ -188,17 +186,10 @@ def test_an_elastic_job_trains_through_a_killed_actor_to_the_weights_of_one_proc
         uri,
     )
     assert reference.returncode == 0, reference.output[-3000:]
-    single = load_weights(reference.run_dir / "model.keras")
-    for a, b in zip(load_weights(root / "runs" / name / "worker-0" / "model.keras"), single, strict=True):
-        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
-    client, run = mlflow_run_by_name(uri, EXPERIMENT, name)
-    assert run.info.status == "FINISHED" and not {"error", "stopped_by"} & set(run.data.tags)
+    job_model = root / "runs" / name / "worker-0" / "model.keras"
+    run, lost, back = check_elastic_run(uri, EXPERIMENT, name, job_model, reference.run_dir / "model.keras")
     assert run.data.tags["cluster.name"] == "ray" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
-    sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
-    assert [m.value for m in sizes] == [3, 2, 3], [(m.step, m.value) for m in sizes]
-    lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
-    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] >= 16
-    assert 0 < lost["steps_redone"] <= 16 and (back["from_workers"], back["to_workers"]) == (2, 3)
+    assert 0 < lost["steps_redone"] <= 16
     print(f"Ray, custom loop: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")
 
 

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ELASTIC, ROOT, LiveRun, load_weights, mlflow_run_by_name
+from helpers import ELASTIC, ROOT, LiveRun, check_elastic_run, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: TensorFlow, `python -m runner` and its clusters
 
@@ -336,19 +336,7 @@ def test_an_elastic_job_on_tfrecord_files_trains_through_a_preempted_worker_to_t
     assert "the lost worker's slot is back" in output and "training again on 3 worker(s)" in output, said
     reference = runner("elastic-tfrecord-reference", ["strategy=default", *data, f"mlflow.experiment_name={experiment}"])
     assert reference.returncode == 0, reference.output[-3000:]
-    single = load_weights(reference.run_dir / "model.keras")
-    for a, b in zip(load_weights(run_dir / "worker-0" / "model.keras"), single, strict=True):
-        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
-    client, run = mlflow_run_by_name(runner.uri, experiment, name)
-    assert run.info.status == "FINISHED"
-    sizes = sorted(client.get_metric_history(run.info.run_id, "cluster/world_size"), key=lambda m: m.timestamp)
-    assert [m.value for m in sizes] == [3, 2, 3], [(m.step, m.value) for m in sizes]
-    assert run.data.metrics["cluster/restarts"] == 1
-    assert not {"error", "stopped_by"} & set(run.data.tags)  # the generations stopped for a resize do not mark the run
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
-    assert sorted(steps) == list(range(4, 193, 4)), steps  # every logged step once: the redone ones not again
-    lost, back = json.loads(open(client.download_artifacts(run.info.run_id, "elastic/resizes.json")).read())
-    assert (lost["from_workers"], lost["to_workers"]) == (3, 2) and sizes[1].step == lost["checkpoint_step"] > 16
-    assert lost["why"] == "worker:1 preempted (SIGTERM)" and lost["steps_redone"] == 0
-    assert (back["from_workers"], back["to_workers"]) == (2, 3) and back["checkpoint_step"] > lost["checkpoint_step"]
+    job_model = run_dir / "worker-0" / "model.keras"
+    _, lost, back = check_elastic_run(runner.uri, experiment, name, job_model, reference.run_dir / "model.keras")
+    assert lost["why"] == "worker:1 preempted (SIGTERM)" and lost["steps_redone"] == 0 and lost["checkpoint_step"] > 16
     print(f"TFRecord, fit: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")
