@@ -68,7 +68,7 @@ def unknown_key_problem(key: str, known, *, value=None, rest: str = "", selected
     text += f" The keys of {where} are: {', '.join(str(k) for k in known)}."
     owners = [o for o in key_owners(parent, name) if o != selected]
     if owners:
-        first = f"{parent}={owners[0]} {_as_override(key, value)}"
+        first = f"{parent}={owners[0]} {_as_override(f'{key}.{rest}' if rest else key, value)}"
         text += f" {name} is a key of {parent}={' or '.join(owners)}: select it first ({first})."
     return text
 

@@ -328,6 +328,14 @@ def test_close_names_suggests_only_what_is_close():
     assert suggest.close_names("zzz", ["epochs", "seed"]) == []
 
 
+def test_a_key_of_another_option_is_suggested_as_the_whole_override_given():
+    """cluster.elastic.enabled=true under cluster=slurm: the hint repeats the key as typed, not only its first part."""
+    message = suggest.override_problem("cluster.elastic.enabled", "true", _composed("cluster=slurm"), "Hydra's words")
+    assert "select it first (cluster=localhost cluster.elastic.enabled=true)" in message, message
+    message = suggest.override_problem("strategy.devices", "2", _composed(), "Hydra's words")
+    assert "select it first (strategy=mirrored strategy.devices=2)" in message, message
+
+
 @pytest.mark.slow  # end to end: runs `python -m runner` five times
 def test_a_mistyped_name_on_the_command_line_exits_as_documented_with_a_hint(tmp_path):
     """README: Hydra refuses unknown keys and options while composing (exit 1); keys that `+key=value` added past
