@@ -8,10 +8,11 @@ template (MLflow's migrations take seconds; a copy takes milliseconds).
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from helpers import MlflowServer, build_tfds, run_runner
+from helpers import ELASTIC, MlflowServer, build_tfds, run_runner
 
 # End-to-end tests that start a machine-wide daemon another file also starts: one scope, so never two at once
 SHARED_DAEMONS = {
@@ -70,6 +71,27 @@ def runner(store):
     run.uri = uri
     run.root = root
     return run
+
+
+@pytest.fixture(scope="session")
+def elastic_reference(tmp_path_factory):
+    """reference(executor) -> the model.keras of one uninterrupted process trained as helpers.ELASTIC trains, the
+    weights every elastic job must reach (test_ray.py, test_slurm.py): made once per session, whichever pytest-xdist
+    worker asks first (a file lock in the workers' shared temporary directory), MLflow off."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # one directory for every xdist worker of this session
+
+    def reference(executor: str) -> Path:
+        run_dir = shared / f"elastic-reference-{executor}"
+        with open(shared / f"elastic-reference-{executor}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (run_dir / "model.keras").is_file():
+                done = run_runner(["strategy=default", f"executor={executor}", *ELASTIC, "mlflow.enabled=false"], shared, run_dir)
+                assert done.returncode == 0, done.output[-3000:]
+        return run_dir / "model.keras"
+
+    return reference
 
 
 @pytest.fixture(scope="module")

@@ -200,13 +200,14 @@ def leftover_processes(marker_env="RUNNER_LAUNCH_ID"):
 class LiveRun:
     """A runner process whose merged output is read line by line while it runs."""
 
-    def __init__(self, args, cwd, run_dir, tracking_uri):
+    def __init__(self, args, cwd, run_dir, tracking_uri, prefix=(), env=None):
+        """`prefix`: what starts the runner (salloc's arguments); `env`: the environment instead of this process's."""
         import queue
         import threading
 
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        env = {k: v for k, v in (env or os.environ).items() if k != "MLFLOW_TRACKING_URI"}
         env["PYTHONUNBUFFERED"] = "1"
-        argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={tracking_uri}"]
+        argv = [*prefix, sys.executable, "-m", "runner", *args, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={tracking_uri}"]
         # a session of its own, as a terminal gives a command: ctrl_c() reaches its whole process group
         self.proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
