@@ -190,8 +190,10 @@ def run(cfg: DictConfig) -> dict:
         logging.getLogger("runner").info("resume=%s: continuing with %s", cfg.resume, " ".join(given) or "the defaults")
     if chosen:  # logged only once the config passed every check: a refused resume= leaves runner.log empty
         logging.getLogger("runner").info(chosen.line)
-    launcher = registry.selected(cfg, "cluster").caps.launcher
-    if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors); no TensorFlow in this process
+    caps = registry.selected(cfg, "cluster").caps
+    elastic = "elastic" in cfg.cluster and cfg.cluster.elastic.enabled
+    launcher = caps.launcher or (caps.elastic_launcher if elastic else None)
+    if launcher:  # starts tf_config tasks (localhost: processes here; ray: Ray actors; slurm: job steps); no TensorFlow
         return _written(cfg, importlib.import_module(launcher).launch(cfg, chosen))
     from runner.tracking.run import end_prestarted, prestart, task_overrides
 

@@ -76,6 +76,11 @@ class SlurmClusterConfig(ClusterConfig):
     port_base: int = ranged(8888, ge=1, le=65535, why="it is a TCP port")
     ps: int = ranged(0, ge=0)  # with parameter_server: the first `ps` Slurm tasks become ps, the next one the chief
     gpus_per_node: int | None = ranged(None, ge=0, null="the GPUs TensorFlow sees")  # None: the GPUs TensorFlow sees on this node
+    # train through a lost worker: run the runner once in the allocation, and it starts each worker as a job step
+    # (runner.launch.slurm_steps); the job's size is the allocation's task count
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    failure_grace_sec: float = ranged(5.0, ge=0)  # elastic: after a step dies, how long the others get to exit
+    stop_grace_sec: float = ranged(60.0, ge=0)  # elastic: on Ctrl-C or SIGTERM, how long the steps get to checkpoint
 
 
 @dataclass
@@ -190,7 +195,14 @@ def _tf_config(cfg) -> Cluster:
     return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
 
 
-@option("cluster", "slurm", schema=SlurmClusterConfig, help="SlurmClusterResolver", processes=True)
+@option(
+    "cluster",
+    "slurm",
+    schema=SlurmClusterConfig,
+    help="SlurmClusterResolver",
+    processes=True,
+    elastic_launcher="runner.launch.slurm_steps",
+)
 def _slurm(cfg) -> Cluster:
     import tensorflow as tf
 

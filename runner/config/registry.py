@@ -47,6 +47,8 @@ class ClusterCapabilities(Capabilities):
     # the module whose launch(cfg, chosen) starts the tasks from this process and supervises them (localhost, ray);
     # None: this process is one task of the cluster
     launcher: str | None = None
+    # the launcher instead when cluster.elastic is on (slurm: one process that starts each worker as a job step)
+    elastic_launcher: str | None = None
 
 
 @dataclass(frozen=True)

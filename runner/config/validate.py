@@ -295,10 +295,10 @@ def elastic(cfg):
     if not settings or not settings.enabled:
         return
     where = f"cluster.elastic.enabled=true (cluster={cfg.cluster.name}, strategy={cfg.strategy.name})"
-    if cfg.cluster.name not in ("localhost", "ray"):
+    if cfg.cluster.name not in ("localhost", "ray", "slurm"):
         raise ConfigError(
-            f"{where}: elastic training is launched by cluster=localhost and cluster=ray so far (their launcher "
-            "restarts the tasks); use one of them, or cluster.elastic.enabled=false."
+            f"{where}: elastic training is launched by cluster=localhost, cluster=ray and cluster=slurm so far (their "
+            "launcher restarts the tasks); use one of them, or cluster.elastic.enabled=false."
         )
     if cfg.strategy.name not in ("multi_worker_mirrored", "parameter_server"):
         raise ConfigError(
@@ -306,6 +306,8 @@ def elastic(cfg):
             "job whose parameter server is lost; other strategies run in one process. Use one of them, or "
             "cluster.elastic.enabled=false."
         )
+    if "workers" not in cfg.cluster:  # cluster=slurm: the allocation tells the size, and its launcher checks it
+        return
     if settings.min_workers > cfg.cluster.workers:
         raise ConfigError(
             f"cluster.elastic.min_workers={settings.min_workers} is above the job's cluster.workers={cfg.cluster.workers}: "

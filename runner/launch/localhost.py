@@ -288,15 +288,17 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
             return
 
 
-def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1") -> dict:
+def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1", job=None) -> dict:
     """Start the tasks `make_tasks(cfg, overrides, run_id, uri)` returns (here: processes on 127.0.0.1; cluster=ray:
-    runner.launch.ray_cluster), supervise them inside one MLflow run, and return the chief's summary. `chosen`:
-    strategy=auto's choice, tagged on the run."""
+    runner.launch.ray_cluster; cluster=slurm's elastic job steps: runner.launch.slurm_steps), supervise them inside
+    one MLflow run, and return the chief's summary. `chosen`: strategy=auto's choice, tagged on the run. `job`: the
+    launcher's own view of the cluster where it is not the config's (Slurm's job size); the run logs `cfg`."""
     from hydra.core.hydra_config import HydraConfig
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     stopping.install()
-    with mlflow_run(cfg, overrides, chosen.tags if chosen else {}) as run:
+    logged, cfg = cfg, job if job is not None else cfg
+    with mlflow_run(logged, overrides, chosen.tags if chosen else {}) as run:
         tasks = make_tasks(cfg, overrides, run.run_id, run.tracking_uri)
         log.info("cluster on %s: %s", where, ", ".join(t.name for t in tasks))
         log.info(

@@ -234,6 +234,7 @@ ELSEWHERE = {
         "tests/unit/builders/test_optimizer.py::test_the_shape_of_ones_own_schedule_is_checked_before_tensorflow"
     ),
     "elastic-settings": "tests/unit/launch/test_elastic.py::test_settings_it_cannot_keep_are_refused_before_tensorflow",
+    "elastic-slurm-launcher": "tests/unit/launch/test_slurm_steps.py::test_a_launcher_that_cannot_start_steps_is_refused",
     "metric-without-target": "tests/unit/builders/test_metrics.py::test_the_shape_of_train_metrics_is_checked_before_tensorflow",
 }
 # Cases that import TensorFlow (seconds each) run two at a time; the rest are sub-second.

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import CLUSTER_TINY, ROOT, mlflow_run_by_name
+from helpers import CLUSTER_TINY, ELASTIC, ROOT, check_elastic_run, mlflow_run_by_name
 from slurm_cluster import free_port_run
 
 pytestmark = pytest.mark.slow
@@ -56,8 +56,8 @@ def final_losses(output):
     return [float(x) for x in re.findall(r"done: \d+ steps, final loss ([0-9.]+)", output)]
 
 
-@pytest.mark.parametrize("executor", ["fit", "custom_loop"])
-def test_multi_worker_mirrored_under_srun(slurm, store, executor):
+def test_multi_worker_mirrored_under_srun(slurm, store, executor="fit"):
+    """Model.fit; the custom loop's MultiWorkerMirrored job under Slurm is the elastic test's below."""
     name = f"mwms-{executor}"
     code, output, _ = srun_runner(
         slurm, store, 2, name, ["strategy=multi_worker_mirrored", "cross_device_ops=ring", f"executor={executor}"]
@@ -167,3 +167,66 @@ def test_readme_sbatch_script_scancel_then_resume(slurm, store):
     _, again = mlflow_run_by_name(uri, EXPERIMENT, "sbatch")
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
     print(f"stopped at step {step}, resumed to step {epochs * 64}; seconds: {timings}")
+
+
+def _readme_elastic_script():
+    scripts = re.findall(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
+    found = [s for s in scripts if "cluster.elastic.enabled=true" in s]
+    assert len(found) == 1, "README's elastic sbatch script (a ```sh block with cluster.elastic.enabled=true) not found"
+    return found[0]
+
+
+def _steps(job, env):
+    """{name: <job>.<step>} of the job's running steps (squeue)."""
+    out = subprocess.run(
+        ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"], env=env, capture_output=True, text=True
+    )
+    return {name: step for step, name in (line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)}
+
+
+def test_readme_elastic_script_trains_through_a_cancelled_step_to_the_weights_of_one_process(slurm, store, elastic_reference):
+    """README's elastic sbatch script on 3 tasks, the custom loop, in-memory data: one launcher starts each worker as a
+    job step. README's `scancel --signal=KILL <job>.<step>` of worker:1's step after the first checkpoint: the launcher
+    cancels the other two, starts 2 fresh steps from that checkpoint, grows back to 3 steps at the next one, and the
+    job ends COMPLETED with the weights of one uninterrupted process (1e-5), no step of it left."""
+    root, uri = store
+    name = "slurm-elastic"
+    script = root / "elastic.sbatch"
+    script.write_text(_readme_elastic_script())
+    env = {k: v for k, v in slurm.env.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]),  # the script's `python` is this one
+    )
+    run_dir = root / "runs" / name
+    args = [
+        "executor=custom_loop",
+        f"cluster.port_base={free_port_run(15)}",  # 3 ports per generation, fresh at each resize
+        "cluster.elastic.rejoin_after_sec=0",
+        *ELASTIC,
+        f"mlflow.experiment_name={EXPERIMENT}",
+        f"mlflow.run_name={name}",
+        f"mlflow.tracking_uri={uri}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    argv = ["sbatch", "--parsable", "--nodes=1", f"--chdir={root}", str(script), *args]
+    job = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    log = root / f"slurm-{job}.out"
+    output = lambda: log.read_text(errors="replace") if log.exists() else ""  # noqa: E731
+    _wait_for(lambda: re.search(r"\[worker:0\].* epoch 2/12 step (8|12)/16", output()), 240, f"step 24: {output()[-3000:]}")
+    steps = _steps(job, env)
+    step = next((v for k, v in steps.items() if re.fullmatch(r"runner-\d+-0-worker1", k)), None)  # generation 0's
+    assert step, steps
+    subprocess.run(["scancel", "--signal=KILL", step], env=env, check=True, timeout=30)
+    _wait_for(lambda: not slurm.jobs(), 300, f"job {job} ending; {slurm.jobs()}")
+    text = output()
+    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
+    assert "cluster.elastic: lost worker:1: killed by SIGKILL (its step on" in text, text[-4000:]
+    assert "going on with 2 worker(s)" in text and "training again on 3 worker(s)" in text, text[-4000:]
+    assert "job steps on" in text and len(re.findall(r"started worker:0 \(pid \d+\)", text)) == 3  # 3 generations
+    model = run_dir / "worker-0" / "model.keras"
+    run, lost, back = check_elastic_run(uri, EXPERIMENT, name, model, elastic_reference("custom_loop"))
+    assert run.data.tags["cluster.name"] == "slurm" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
+    assert 0 <= lost["steps_redone"] <= 16  # the steps since the checkpoint, as far as the launcher saw them
+    print(f"Slurm, custom loop: shrink {lost['resize_sec']:.1f}s, grow {back['resize_sec']:.1f}s, redone {lost['steps_redone']}")
