@@ -74,13 +74,15 @@ def runner(store):
 
 
 @pytest.fixture(scope="session")
-def elastic_reference(tmp_path_factory):
+def elastic_reference(tmp_path_factory, request):
     """reference(executor) -> the model.keras of one uninterrupted process trained as helpers.ELASTIC trains, the
     weights every elastic job must reach (test_ray.py, test_slurm.py): made once per session, whichever pytest-xdist
     worker asks first (a file lock in the workers' shared temporary directory), MLflow off."""
     import fcntl
 
-    shared = tmp_path_factory.getbasetemp().parent  # one directory for every xdist worker of this session
+    # one directory for every xdist worker of this session (each has basetemp/popen-gw<n>); without xdist, this one's
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if hasattr(request.config, "workerinput") else shared
 
     def reference(executor: str) -> Path:
         run_dir = shared / f"elastic-reference-{executor}"

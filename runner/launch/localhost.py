@@ -288,11 +288,12 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
             return
 
 
-def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1", job=None) -> dict:
+def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1", job=None, room=None) -> dict:
     """Start the tasks `make_tasks(cfg, overrides, run_id, uri)` returns (here: processes on 127.0.0.1; cluster=ray:
     runner.launch.ray_cluster; cluster=slurm's elastic job steps: runner.launch.slurm_steps), supervise them inside
     one MLflow run, and return the chief's summary. `chosen`: strategy=auto's choice, tagged on the run. `job`: the
-    launcher's own view of the cluster where it is not the config's (Slurm's job size); the run logs `cfg`."""
+    launcher's own view of the cluster where it is not the config's (Slurm's job size); the run logs `cfg`. `room`:
+    how many workers the cluster can hold now, for an elastic job's regrowth (runner.launch.elastic)."""
     from hydra.core.hydra_config import HydraConfig
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
@@ -309,7 +310,7 @@ def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "1
         try:
             if elastic.enabled(cfg):  # tasks is updated in place at each resize
                 rebuild = lambda n: make_tasks(elastic.resized(cfg, n), overrides, run.run_id, run.tracking_uri)  # noqa: E731
-                elastic.supervise(tasks, cfg, rebuild, run, supervise, stop_all, _trainers, wait_for)
+                elastic.supervise(tasks, cfg, rebuild, run, supervise, stop_all, _trainers, wait_for, room)
             else:
                 supervise(tasks, cfg)
         except (KeyboardInterrupt, stopping.Stopped) as err:

@@ -57,7 +57,8 @@ def final_losses(output):
 
 
 def test_multi_worker_mirrored_under_srun(slurm, store, executor="fit"):
-    """Model.fit; the custom loop's MultiWorkerMirrored job under Slurm is the elastic test's below."""
+    """Model.fit. SlurmClusterResolver reads the same Slurm variables under either executor; the custom loop's
+    MultiWorkerMirrored training under Slurm is the elastic test's below (in job steps, as cluster=tf_config tasks)."""
     name = f"mwms-{executor}"
     code, output, _ = srun_runner(
         slurm, store, 2, name, ["strategy=multi_worker_mirrored", "cross_device_ops=ring", f"executor={executor}"]
@@ -188,7 +189,7 @@ def test_readme_elastic_script_trains_through_a_cancelled_step_to_the_weights_of
     """README's elastic sbatch script on 3 tasks, the custom loop, in-memory data: one launcher starts each worker as a
     job step. README's `scancel --signal=KILL <job>.<step>` of worker:1's step after the first checkpoint: the launcher
     cancels the other two, starts 2 fresh steps from that checkpoint, grows back to 3 steps at the next one, and the
-    job ends COMPLETED with the weights of one uninterrupted process (1e-5), no step of it left."""
+    job ends COMPLETED with the weights of one uninterrupted process (1e-5)."""
     root, uri = store
     name = "slurm-elastic"
     script = root / "elastic.sbatch"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runner.config import schema, validate
-from runner.errors import ConfigError
+from runner.errors import ClusterError, ConfigError
 from runner.launch import slurm_steps
 
 import helpers
@@ -33,16 +33,27 @@ def test_slots_follow_slurms_tasks_per_node(nodes, per_node, slots):
     "env, said",
     [
         ({}, "this process is in none (SLURM_JOB_ID is not set)"),
-        ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3"}, "one of 3 tasks of `srun`"),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "3"}, "a task of `srun` (step 0, 3 task(s))"),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}, "a task of `srun` (step 0, 1 task(s))"),
     ],
 )
 def test_a_launcher_that_cannot_start_steps_is_refused(monkeypatch, env, said):
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
         slurm_steps.allocation_size()
+
+
+def test_the_size_is_the_allocations_task_count_or_its_slots(monkeypatch):
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    assert slurm_steps.allocation_size() == 3
+    monkeypatch.delenv("SLURM_NTASKS")  # sbatch --nodes=2 alone
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "1(x2)")
+    assert slurm_steps.allocation_size() == 2
 
 
 def test_the_sizes_only_the_allocation_tells_are_checked_by_the_launcher():
@@ -57,6 +68,7 @@ def test_the_sizes_only_the_allocation_tells_are_checked_by_the_launcher():
 
 def test_each_generation_gets_steps_on_its_slots_with_fresh_ports(monkeypatch, tmp_path):
     monkeypatch.setattr(slurm_steps, "_nodes", lambda: ["n1", "n2"])
+    monkeypatch.setattr(slurm_steps, "_live_nodes", lambda job: ["n1", "n2"])
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2,1")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     cfg = helpers.composed(f"output_dir={tmp_path}", *ELASTIC, "cluster.port_base=20000", "train.global_batch_size=60")
@@ -72,6 +84,23 @@ def test_each_generation_gets_steps_on_its_slots_with_fresh_ports(monkeypatch, t
     assert task.argv[:2] == ["srun", "--ntasks=1"] and "--nodelist=n1" in task.argv
     assert task.step_name.endswith("-1-worker1") and f"--job-name={task.step_name}" in task.argv
     assert "cluster=tf_config" in task.argv and task.argv[task.argv.index("-m") + 1] == "runner"
+    assert "--export=ALL" in task.argv and "CUDA_VISIBLE_DEVICES" not in task.env  # no cluster.gpus_per_node
+
+
+def test_a_node_slurm_took_away_is_not_used_again_and_its_gpus_are_split(monkeypatch, tmp_path):
+    monkeypatch.setattr(slurm_steps, "_nodes", lambda: ["n1", "n2"])
+    live = ["n1", "n2"]
+    monkeypatch.setattr(slurm_steps, "_live_nodes", lambda job: live)
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
+    cfg = helpers.composed(f"output_dir={tmp_path}", *ELASTIC, "cluster.gpus_per_node=4", "train.global_batch_size=60")
+    steps = slurm_steps.SlurmSteps(cfg, 4)
+    first = steps.make_tasks(slurm_steps.job_config(cfg, 4), [], "run", "sqlite:///x.db")
+    assert [t.env["CUDA_VISIBLE_DEVICES"] for t in first] == ["0,1", "2,3", "0,1", "2,3"]
+    live.remove("n1")  # under sbatch --no-kill, n1 failed
+    smaller = steps.make_tasks(slurm_steps.job_config(cfg, 2), [], "run", "sqlite:///x.db")
+    assert [t.node for t in smaller] == ["n2", "n2"]
+    with pytest.raises(ClusterError, match=r"took node\(s\) n1 away"):
+        steps.make_tasks(slurm_steps.job_config(cfg, 4), [], "run", "sqlite:///x.db")
 
 
 def test_ports_past_65535_are_refused(monkeypatch, tmp_path):
@@ -82,8 +111,9 @@ def test_ports_past_65535_are_refused(monkeypatch, tmp_path):
         slurm_steps.SlurmSteps(cfg, 3)
 
 
-def test_a_killed_steps_exit_code_names_the_signal():
+def test_srun_exit_codes_of_a_signal_read_as_the_signal():
+    assert [slurm_steps.as_signal(c) for c in (137, 139, 134, 143, 130, 3, 0, None)] == [-9, -11, -6, 143, 130, 3, 0, None]
     task = slurm_steps.SlurmTask("worker", 1, [], {}, "d")
     task.node = "n1"
-    assert task.exit_note(137) == "killed by SIGKILL (its step on n1; srun's exit code 137)"
+    assert task.exit_note(-9) == "killed by SIGKILL (its step on n1)"
     assert task.exit_note(3) == "exit code 3 (its step on n1)"
