@@ -29,6 +29,7 @@ from runner.tracking.run import mlflow_run, where_line
 
 log = logging.getLogger("runner")
 POLL_SEC = 0.2
+BLAME_SEC = 2.0  # a job that lost a trainer: how long the launcher looks for the one killed before naming a peer
 PROGRESS = re.compile(r"\] epoch (\d+)/(\d+) step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
 
 
@@ -272,11 +273,7 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
                     f"{f.run_dir}/runner.log and {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to continue "
                     "from the last checkpoint."
                 )
-            message = (
-                f"task {t.name} (pid {t.proc.pid}) stopped: {t.exit_note(code)}. The other tasks were stopped. "
-                f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to "
-                "continue from the last checkpoint."
-            )
+            message = _stopped(t, code, cfg)
             raise TaskLost(message, t, t.exit_note(code), code) if t in trainers or whole_job else ClusterError(message)
         if all(t.proc.poll() == 0 for t in trainers):
             evaluators = [t for t in tasks if t.type == "evaluator"]
@@ -286,6 +283,27 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
                 except subprocess.TimeoutExpired:
                     log.warning("%s did not finish evaluating; stopping it", t.name)
             return
+
+
+def _stopped(t: Task, code: int, cfg) -> str:
+    return (
+        f"task {t.name} (pid {t.proc.pid}) stopped: {t.exit_note(code)}. The other tasks were stopped. "
+        f"Its log is in {t.run_dir}/runner.log; rerun with resume={cfg.output_dir} to continue from the last checkpoint."
+    )
+
+
+def _the_killed(lost: TaskLost, tasks: list[Task], cfg) -> TaskLost:
+    """The task to name for a job that lost one: a trainer that stopped because it lost a peer (exit 3) ended first,
+    and the peer killed by a signal is named once its own end shows (a Ray actor's death shows a second or two
+    later, through its pump); the first one when none does within BLAME_SEC."""
+    deadline = time.monotonic() + BLAME_SEC
+    while lost.code == ClusterError.exit_code and time.monotonic() < deadline:
+        for t in tasks:
+            code = t.proc.poll()
+            if t is not lost.task and code is not None and (code < 0 or code in elastic.LOST_CODES[1:]):
+                return TaskLost(_stopped(t, code, cfg), t, t.exit_note(code), code)
+        time.sleep(POLL_SEC / 2)
+    return lost
 
 
 def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1", job=None, room=None) -> dict:
@@ -312,7 +330,10 @@ def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "1
                 rebuild = lambda n: make_tasks(elastic.resized(cfg, n), overrides, run.run_id, run.tracking_uri)  # noqa: E731
                 elastic.supervise(tasks, cfg, rebuild, run, supervise, stop_all, _trainers, wait_for, room)
             else:
-                supervise(tasks, cfg)
+                try:
+                    supervise(tasks, cfg)
+                except TaskLost as lost:
+                    raise _the_killed(lost, tasks, cfg) from None
         except (KeyboardInterrupt, stopping.Stopped) as err:
             log.warning(
                 "stopping: every task gets up to %gs (cluster.stop_grace_sec) to write its checkpoint", cfg.cluster.stop_grace_sec

@@ -238,6 +238,23 @@ def test_a_trainer_that_fails_stops_the_job_with_an_error_naming_it(cluster, tmp
     assert tasks[0].proc.returncode == -signal.SIGTERM
 
 
+def test_the_killed_trainer_is_named_not_the_peer_that_gave_up_on_it_first(cluster, tmp_path):
+    """worker:0 exits 3 (it lost its peer) before worker:1's own end shows, as a Ray actor's death shows late: the
+    launcher's error names worker:1, killed, with the resume advice."""
+    cfg, tasks = cluster(
+        MWMS, {"worker:0": script("sys.exit(3)"), "worker:1": script("time.sleep(0.6)", "os.kill(os.getpid(), 9)")}
+    )
+    first = None
+    try:
+        localhost.supervise(tasks, cfg)
+    except localhost.TaskLost as lost:
+        first = lost
+    assert first is not None and first.task is tasks[0]  # the peer that gave up ended first
+    named = localhost._the_killed(first, tasks, cfg)
+    assert str(named).startswith(f"task worker:1 (pid {tasks[1].proc.pid}) stopped: killed by SIGKILL.")
+    assert f"resume={tmp_path}" in str(named) and named.exit_code == 3
+
+
 def test_a_trainer_that_exits_as_preempted_stops_the_job_as_preempted(cluster):
     cfg, tasks = cluster(MWMS, {"worker:0": SERVE, "worker:1": script(f"sys.exit({stopping.EXIT_CODES[signal.SIGTERM]})")})
     with pytest.raises(TaskPreempted) as err:
