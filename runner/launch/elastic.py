@@ -200,19 +200,30 @@ class Membership:
             raise _Grow()
 
 
+def is_killed(code: int | None) -> bool:
+    """Ended by a signal (or exit 137, SIGKILL through a shell), not by giving up on a lost peer (exit 3)."""
+    return code is not None and (code < 0 or code == 137)
+
+
+def killed(tasks):
+    """(the first task that has ended killed, its exit code), or None."""
+    for t in tasks:
+        code = t.proc.poll()
+        if is_killed(code):
+            return t, code
+    return None
+
+
 def _blamed(err, tasks):
     """The trainer to blame: one that died by a signal (killed) rather than a peer that gave up on it (exit 3),
     looked for among those that ended within BLAME_SEC of the first (a parameter server among them)."""
     time.sleep(BLAME_SEC)
-    if err.code < 0 or err.code == 137:
+    found = None if is_killed(err.code) else killed(tasks)
+    if found is None:
         return err
-    for t in tasks:
-        code = t.proc.poll()
-        if code is not None and (code < 0 or code == 137):
-            note = t.exit_note(code)
-            told = f"task {t.name} (pid {t.proc.pid}) stopped: {note}. Its log is in {t.run_dir}/runner.log."
-            return TaskLost(told, t, note, code)
-    return err
+    t, code = found
+    note = t.exit_note(code)
+    return TaskLost(f"task {t.name} (pid {t.proc.pid}) stopped: {note}. Its log is in {t.run_dir}/runner.log.", t, note, code)
 
 
 def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for, room=None) -> None:

@@ -298,10 +298,10 @@ def _the_killed(lost: TaskLost, tasks: list[Task], cfg) -> TaskLost:
     later, through its pump); the first one when none does within BLAME_SEC."""
     deadline = time.monotonic() + BLAME_SEC
     while lost.code == ClusterError.exit_code and time.monotonic() < deadline:
-        for t in tasks:
-            code = t.proc.poll()
-            if t is not lost.task and code is not None and (code < 0 or code in elastic.LOST_CODES[1:]):
-                return TaskLost(_stopped(t, code, cfg), t, t.exit_note(code), code)
+        found = elastic.killed(tasks)
+        if found is not None:
+            t, code = found
+            return TaskLost(_stopped(t, code, cfg), t, t.exit_note(code), code)
         time.sleep(POLL_SEC / 2)
     return lost
 

@@ -30,13 +30,19 @@ SRUN_END_SEC = 10.0  # after scancel --signal=KILL of its step, how long srun ge
 def _nodes() -> list[str]:
     """The allocation's nodes, in order (`scontrol show hostnames`, Slurm's own expansion of the node list)."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
-    hosts = _slurm(["scontrol", "show", "hostnames", nodelist]) if nodelist else None
+    hosts = _hostnames(nodelist)
     if not hosts:
         raise ConfigError(
             f"cluster=slurm with cluster.elastic.enabled=true could not read the allocation's nodes (SLURM_JOB_NODELIST="
             f"{nodelist!r}, expanded with `scontrol show hostnames`); check that scontrol answers here."
         )
-    return hosts.split()
+    return hosts
+
+
+def _hostnames(nodelist: str) -> list[str] | None:
+    """A Slurm node list (`vm[1-3]`) expanded by `scontrol show hostnames`, or None when empty or unanswered."""
+    hosts = _slurm(["scontrol", "show", "hostnames", nodelist]) if nodelist else None
+    return hosts.split() if hosts else None
 
 
 def counts(tasks_per_node: str) -> list[int]:
@@ -168,9 +174,7 @@ def _step_id(job: str, name: str) -> str | None:
 
 def _live_nodes(job: str) -> list[str] | None:
     """The nodes the job holds now (squeue's node list, expanded by scontrol), or None when Slurm does not say."""
-    nodelist = (_slurm(["squeue", f"--jobs={job}", "--noheader", "--format=%N"]) or "").strip()
-    hosts = _slurm(["scontrol", "show", "hostnames", nodelist]) if nodelist else None
-    return hosts.split() if hosts else None
+    return _hostnames((_slurm(["squeue", f"--jobs={job}", "--noheader", "--format=%N"]) or "").strip())
 
 
 class SlurmSteps:

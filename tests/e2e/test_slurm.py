@@ -92,10 +92,23 @@ def test_parameter_server_under_srun_ends_when_the_chief_is_done(slurm, store):
     _wait_for(lambda: not slurm.jobs(), 30, "the job leaving the queue")
 
 
-def _readme_sbatch_script():
-    block = re.search(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert block, "README's sbatch script (a ```sh block starting #!/bin/bash, #SBATCH) not found"
-    return block.group(1)
+def _readme_sbatch_script(elastic=False):
+    """README's sbatch script (a ```sh block starting #!/bin/bash, #SBATCH): the elastic one, or the other one."""
+    scripts = re.findall(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
+    found = [s for s in scripts if ("cluster.elastic.enabled=true" in s) == elastic]
+    assert len(found) == 1, f"README's {'elastic ' if elastic else ''}sbatch script not found (or found twice)"
+    return found[0]
+
+
+def _sbatch_env(slurm):
+    """The environment a batch script here is submitted with: this checkout's code, and this Python as `python`."""
+    env = {k: v for k, v in slurm.env.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]),  # the script's `python` is this one
+    )
+    return env
 
 
 def _wait_for(predicate, timeout, what):
@@ -115,12 +128,7 @@ def test_readme_sbatch_script_scancel_then_resume(slurm, store):
     root, uri = store
     script = root / "job.sbatch"
     script.write_text(_readme_sbatch_script())
-    env = {k: v for k, v in slurm.env.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-        PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]),  # the script's `python` is this one
-    )
+    env = _sbatch_env(slurm)
     args = [
         "executor=custom_loop",
         "train.log_every_n_steps=32",
@@ -170,13 +178,6 @@ def test_readme_sbatch_script_scancel_then_resume(slurm, store):
     print(f"stopped at step {step}, resumed to step {epochs * 64}; seconds: {timings}")
 
 
-def _readme_elastic_script():
-    scripts = re.findall(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
-    found = [s for s in scripts if "cluster.elastic.enabled=true" in s]
-    assert len(found) == 1, "README's elastic sbatch script (a ```sh block with cluster.elastic.enabled=true) not found"
-    return found[0]
-
-
 def _steps(job, env):
     """{name: <job>.<step>} of the job's running steps (squeue)."""
     out = subprocess.run(
@@ -193,13 +194,8 @@ def test_readme_elastic_script_trains_through_a_cancelled_step_to_the_weights_of
     root, uri = store
     name = "slurm-elastic"
     script = root / "elastic.sbatch"
-    script.write_text(_readme_elastic_script())
-    env = {k: v for k, v in slurm.env.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-        PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]),  # the script's `python` is this one
-    )
+    script.write_text(_readme_sbatch_script(elastic=True))
+    env = _sbatch_env(slurm)
     run_dir = root / "runs" / name
     args = [
         "executor=custom_loop",
