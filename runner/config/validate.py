@@ -308,10 +308,14 @@ def elastic(cfg):
         )
     if "workers" not in cfg.cluster:  # cluster=slurm: the allocation tells the size, and its launcher checks it
         return
+    # the job's size as the user set it: cluster.workers, or under Slurm the allocation's task count
+    slurm = cfg.cluster.name == "slurm"
+    size = f"{cfg.cluster.workers} tasks (SLURM_NTASKS)" if slurm else f"cluster.workers={cfg.cluster.workers}"
+    whose = "the allocation's" if slurm else "the job's"
     if settings.min_workers > cfg.cluster.workers:
         raise ConfigError(
-            f"cluster.elastic.min_workers={settings.min_workers} is above the job's cluster.workers={cfg.cluster.workers}: "
-            "the job could never start. Set cluster.elastic.min_workers to at most cluster.workers."
+            f"cluster.elastic.min_workers={settings.min_workers} is above {whose} {size}: "
+            f"the job could never start. Set cluster.elastic.min_workers to at most {cfg.cluster.workers}."
         )
     if not cfg.checkpoint.enabled:
         raise ConfigError(
@@ -326,7 +330,7 @@ def elastic(cfg):
         return
     if cfg.cluster.workers < 2 or settings.min_workers == cfg.cluster.workers:
         raise ConfigError(
-            f"{where} with cluster.workers={cfg.cluster.workers} and cluster.elastic.min_workers={settings.min_workers}: "
+            f"{where} with {size} and cluster.elastic.min_workers={settings.min_workers}: "
             "such a job cannot train through a single loss. Give it more workers than min_workers, or leave "
             "cluster.elastic out."
         )
@@ -349,7 +353,7 @@ def elastic(cfg):
     if uneven:
         raise ConfigError(
             f"train.global_batch_size={gbs} does not divide over {uneven[0]} worker(s), a size this elastic job may "
-            f"train at (cluster.elastic.min_workers={settings.min_workers} to cluster.workers={cfg.cluster.workers}): "
+            f"train at (cluster.elastic.min_workers={settings.min_workers} to {size}): "
             "uneven shares change Model.fit's loss (a mean of per-replica means) and the batches each worker reads. "
             f"Use a multiple of every size, such as {math.lcm(*sizes) * max(1, round(gbs / math.lcm(*sizes)))}."
         )
