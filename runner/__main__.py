@@ -1,5 +1,6 @@
 """`python -m runner ...` (and the `tf-runner` script): compose the Hydra config and run one experiment."""
 
+import atexit
 import os
 import signal
 
@@ -14,8 +15,15 @@ def _while_starting(signum, frame):
 signal.signal(signal.SIGINT, _while_starting)
 
 from runner import env  # noqa: E402
+from runner.control import contract, teardown  # noqa: E402
+
+atexit.register(teardown.after_atexit)  # first registered, so run last: see runner.control.teardown
 
 env.prepare()
+if os.environ.get(contract.SPARE):  # started ahead by a sweep: imports now, then its job's overrides on stdin
+    from runner import spare
+
+    spare.wait_for_job()
 
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -24,7 +32,6 @@ from hydra.errors import HydraException  # noqa: E402
 
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
 from runner.config.suggest import unquoted_non_ascii_problem  # noqa: E402
-from runner.control import teardown  # noqa: E402
 from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
 

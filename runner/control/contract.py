@@ -13,6 +13,10 @@ environment only, never on the command line, where `ps` shows it to everyone:
   (mlflow loaded already) creates it.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
+- `RUNNER_SPARE` (sweep -> the next job's process, started ahead): import, then wait for the job's overrides and
+  environment on stdin (runner.sweeps.spares).
+- `RUNNER_SPARE_FILE` (sweep -> job): where the sweep names that spare, for the job to hold it still while its
+  training is timed (runner.control.ahead).
 - `MLFLOW_TRACKING_URI` (launcher, sweep, tracking, stopping -> children, the MLflow process, the watchdog): the
   store, which may hold credentials.
 """
@@ -32,6 +36,8 @@ LOGGED_THROUGH = "RUNNER_LOGGED_THROUGH"  # elastic: the steps an earlier genera
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
+SPARE = "RUNNER_SPARE"
+SPARE_FILE = "RUNNER_SPARE_FILE"
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 
 

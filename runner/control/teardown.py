@@ -6,6 +6,11 @@ Destroying a tf.data iterator waits for tf.data's autotuning thread, which sleep
 kept (`keep`) until the process ends, and a process that is not a task of a TensorFlow cluster ends with
 os._exit once its output is flushed (`exit`), skipping that wait and the rest of TensorFlow's teardown.
 Tasks of a cluster (TF_CONFIG set) exit normally: TensorFlow's coordination service expects an orderly shutdown.
+
+A process that never imported TensorFlow exits through sys.exit, so that the atexit handlers run; one that holds
+mlflow (a sweep's, which read its runs back for the report) then skips the interpreter's teardown of mlflow,
+SQLAlchemy and matplotlib (about half a second at a sweep's end) through `after_atexit`, which runner.__main__
+registers before any other handler of its own, so that it runs after them.
 """
 
 import logging
@@ -13,6 +18,7 @@ import os
 import sys
 
 _kept = []
+_exiting: list[int] = []  # the code `exit` is ending this process with, for `after_atexit`
 
 
 def keep(obj):
@@ -40,6 +46,8 @@ def exit(code) -> None:
     """sys.exit(code), or, after TensorFlow was imported in a process outside a cluster, flush and os._exit(code)."""
     _stdout_flushed()
     if "tensorflow" not in sys.modules or os.environ.get("TF_CONFIG"):
+        if code is None or isinstance(code, int):
+            _exiting.append(code or 0)
         sys.exit(code)
     if code is None:
         code = 0
@@ -53,3 +61,17 @@ def exit(code) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def after_atexit() -> None:
+    """The runner's last atexit handler: after `exit` in a process that holds mlflow and not TensorFlow, end it here,
+    the other handlers having run, instead of tearing its modules down one by one."""
+    if not _exiting or "tensorflow" in sys.modules or "mlflow" not in sys.modules:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(_exiting[-1])

@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from runner import STARTED, tf_private
-from runner.control import teardown
+import runner
+from runner import tf_private
+from runner.control import ahead, teardown
 from runner.errors import TrainingError
 from runner.executors.profiling import Profile
 from runner.tracking import phases
@@ -174,7 +175,8 @@ class Throughput:
         if self.first_step_sec is None:
             self.first_step_sec = now - self._start
             phases.mark("first step")  # tracing included
-            self.to_first_step_sec = now - STARTED
+            ahead.hold()  # a sweep's next job, started ahead: still while the steps are timed
+            self.to_first_step_sec = now - runner.STARTED
             self._warm_time = self._window_time = now
             self._warm_step = self._window_step = step
         self._last_time, self._last_step = now, step

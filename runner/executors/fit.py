@@ -5,6 +5,7 @@ import time
 import numpy as np
 
 from runner import tf_private
+from runner.control import ahead
 from runner.control.stopping import StopGuard
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
@@ -327,6 +328,7 @@ def run_fit(job: Job) -> Result:
         )
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
     phases.mark("train")
+    ahead.release()
     steps = callbacks[0].last_step or job.train.epochs * data.steps_per_epoch  # fewer when stopped early
     restore_best(job, job.restore_best)
     eval_metrics = evaluate()

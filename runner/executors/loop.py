@@ -9,7 +9,7 @@ parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has it
 
 import time
 
-from runner.control import stopping
+from runner.control import ahead, stopping
 from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line, recover
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.tracking import phases
@@ -170,5 +170,6 @@ def run(job: Job, trainer: Trainer) -> Result:
     trainer.end()
     train_sec = time.perf_counter() - started
     phases.mark("train")
+    ahead.release()
     restore_best(job, job.restore_best)
     return finish(job, meter, step, epoch_loss, train_sec, trainer.evaluate)

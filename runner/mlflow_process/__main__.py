@@ -1,4 +1,5 @@
-"""`python -m runner.mlflow_process PARENT_PID`: the MLflow process of one training process (runner.tracking.pipe starts it)."""
+"""`python -m runner.mlflow_process PARENT_PID [NICENESS]`: the MLflow process of one training process
+(runner.tracking.pipe starts it)."""
 
 import sys
 

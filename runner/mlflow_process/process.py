@@ -1,4 +1,4 @@
-"""The process that owns MLflow for one training process: `python -m runner.mlflow_process.process PARENT_PID`.
+"""The process that owns MLflow for one training process: `python -m runner.mlflow_process PARENT_PID [NICENESS]`.
 
 Importing mlflow and opening its store takes seconds of Python work (SQLAlchemy's models, alembic's schema
 check). Here it runs on another core while the training process imports TensorFlow, and metric delivery later
@@ -206,6 +206,8 @@ def main(argv) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     owner_pid, uri = int(argv[0]), os.environ.get("MLFLOW_TRACKING_URI", "")
+    if len(argv) > 1 and int(argv[1]):  # started ahead of its job by a sweep's spare (runner.sweeps.spares)
+        os.nice(int(argv[1]))
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would land in the user's terminal
     out, out_lock = sys.stdout, threading.Lock()
 

@@ -25,6 +25,7 @@ from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
+from runner.sweeps.spares import Spares
 
 log = logging.getLogger("runner")
 # Hydra's launchers announce every job with its overrides as given: a second line per job, passwords unmasked.
@@ -36,6 +37,10 @@ HYDRA_LAUNCHER_LOGS = (
 OPTUNA_SWEEPER_LOG = "hydra_plugins.hydra_optuna_sweeper._impl"
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
 PARENT_FILE = "parent-run.json"  # in STATE_DIR: the parent run's id once it exists (contract.announce_parent_run)
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+# The next job's process, started ahead (runner.sweeps.spares): under the basic launcher only, which runs the jobs one
+# after another in this process (SweepCallback sets it; Hydra calls run_sweep_job with nothing but the job's config).
+_spares: Spares | None = None
 
 
 class _NoPerJobLine(logging.Filter):
@@ -96,14 +101,23 @@ def _ensure_parent(uri: str) -> str | None:
         sys.exit(2)
 
 
+def _warm_mlflow_in_background() -> None:
+    threading.Thread(target=_warm_mlflow, name="sweep-mlflow-import", daemon=True).start()
+
+
 def _warm_mlflow() -> None:
-    """mlflow's import for the report, at the lowest priority while the jobs train (Linux: a thread's own niceness);
-    the store is opened later, not here: its lock would keep a job's MLflow process waiting on this thread."""
+    """mlflow's and matplotlib's imports for the report, at the lowest priority while the last job runs (Linux: a
+    thread's own niceness); the store is opened later, not here: its lock would keep a job's MLflow process waiting
+    on this thread."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
     try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
         import mlflow  # noqa: F401
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     except Exception as err:  # imported again where needed, which then says what is wrong
@@ -167,7 +181,8 @@ def run_sweep_job(cfg: DictConfig) -> float:
             # taking a terminal's signal and a forwarded one as a second Ctrl-C.
             own_group = cfg.cluster.name != "slurm"
             argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
-            code, tail = _run_child(argv, env, label, own_group)
+            more = not total.isdigit() or num + 1 < int(total)
+            code, tail = _run_child(argv, env, label, own_group, spare_after=more)
         except SweepStopped as stop:
             _stopped(cfg, stop, label)
     if secondary:
@@ -197,15 +212,29 @@ def _on_stop_signal(signum, frame):
     raise SweepStopped(signum)
 
 
-def _run_child(overrides: list[str], env: dict, label: str, own_group: bool = False) -> tuple[int, list[str]]:
+def _run_child(
+    overrides: list[str], env: dict, label: str, own_group: bool = False, spare_after: bool = False
+) -> tuple[int, list[str]]:
     """`python -m runner <overrides>`, its lines passed on with the job's label; (exit code, its last 30 lines). On
     Ctrl-C or SIGTERM the job gets the signal (once, in its own group), checkpoints and ends its run KILLED while its
-    lines still come through; a further signal is passed on too (stop at once); then SweepStopped."""
-    proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
+    lines still come through; a further signal is passed on too (stop at once); then SweepStopped. With spares (the
+    basic launcher), the job is the spare started ahead when there is one, and at the job's first line (its imports
+    are done by then) `spare_after` starts the next one, else mlflow is imported for the report."""
+    proc = _spares.take(overrides, env) if _spares is not None and own_group else None
+    if proc is None:
+        proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
+    ahead = _spares is not None
     tail: list[str] = []
 
     def show(line):
-        nonlocal tail
+        nonlocal tail, ahead
+        if ahead:  # one thing of the lowest priority at a time, beside the job: it never waits for them
+            ahead = False
+            if spare_after:
+                _spares.start(env)
+            else:
+                _spares.drop()
+                _warm_mlflow_in_background()
         sys.stdout.write(f"[{label}] {line}")
         sys.stdout.flush()
         tail = (tail + [line])[-30:]
@@ -213,8 +242,14 @@ def _run_child(overrides: list[str], env: dict, label: str, own_group: bool = Fa
     try:
         for line in proc.stdout:
             show(line)
+        code = proc.wait()
+        if _spares is not None:
+            _spares.resume()  # held by the job, which ended (failed, killed) before it let the spare go on
+        return code, tail
     except (KeyboardInterrupt, SweepStopped) as err:
         signum = getattr(err, "signum", signal.SIGINT)
+        if _spares is not None:  # no job comes after this one
+            _spares.drop()
         forward = lambda sig, frame: own_group and proc.poll() is None and proc.send_signal(sig)  # noqa: E731
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, forward)
@@ -223,7 +258,6 @@ def _run_child(overrides: list[str], env: dict, label: str, own_group: bool = Fa
             show(line)
         proc.wait()
         raise SweepStopped(signum) from None
-    return proc.wait(), tail
 
 
 def kill_parent_run(signum: int) -> None:
@@ -352,11 +386,19 @@ class SweepCallback(Callback):
         )
         os.environ[contract.PARENT_RUN_FILE] = announced
         log.info("sweep of %s jobs into %s", label, sweep_dir)
-        threading.Thread(target=_warm_mlflow, name="sweep-mlflow-import", daemon=True).start()
+        global _spares
+        if hc.launcher.get("_target_") == BASIC_LAUNCHER and config.cluster.name != "slurm":
+            os.environ[contract.SPARE_FILE] = _state(sweep_dir, "spare.pid")  # the jobs hold the spare from it
+            _spares = Spares(os.environ[contract.SPARE_FILE])
+            _spares.start(contract.child_env(uri))  # the first job's; mlflow for the report during the last job
+        else:
+            _warm_mlflow_in_background()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.sweeps.report import write_report
 
+        if _spares is not None:
+            _spares.drop()
         sweep_dir = config.hydra.sweep.dir
         parent = parent_run_id() or _ensure_parent(cfg_uri(config))  # none yet: no job logged a run
         if not parent:

@@ -28,21 +28,22 @@ class PipeError(Exception):
 class Pipe:
     RESTARTS = 3  # a killed MLflow process is started again, this many times in a run
 
-    def __init__(self, uri: str):
-        self.uri = uri
+    def __init__(self, uri: str, niceness: int = 0):
+        self.uri, self.niceness = uri, niceness
         self._ids, self._waiting, self._lock = itertools.count(1), {}, threading.Lock()
         self.restarts = 0
         self._closing = False
         self._start()
 
     @classmethod
-    def spawn(cls, uri: str) -> "Pipe":
-        """Start the MLflow process now, so that it imports mlflow while this process goes on."""
-        return cls(uri)
+    def spawn(cls, uri: str, niceness: int = 0) -> "Pipe":
+        """Start the MLflow process now, so that it imports mlflow while this process goes on; `niceness`: how far
+        below normal priority it runs from its start (a sweep's spare: nothing ahead of the job that trains)."""
+        return cls(uri, niceness)
 
     def _start(self) -> None:
         env = dict(os.environ, MLFLOW_TRACKING_URI=self.uri)  # not in argv, where credentials would show in `ps`
-        argv = [sys.executable, "-m", "runner.mlflow_process", str(os.getpid())]
+        argv = [sys.executable, "-m", "runner.mlflow_process", str(os.getpid()), str(self.niceness)]
         options = dict(env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         # It dies with the thread that starts it (procs.popen): only the main thread lives as long as the run. A
         # restart from the sender thread is a plain child, which ends when its stdin closes with this process.

@@ -115,6 +115,12 @@ def prestart(cfg: DictConfig, overrides=None, tags: dict | None = None) -> None:
             pass  # started (and its error said) where the run starts
 
 
+def spawn_ahead(uri: str, niceness: int) -> None:
+    """Start the MLflow process for `uri` before this process knows its run (a sweep's spare), for `prestart` to take."""
+    if uri not in _prestarted:
+        _prestarted[uri] = Pipe.spawn(uri, niceness)
+
+
 def where_line(run, cfg) -> str:
     """The run's last line: where its outputs are and how to find its MLflow run (`mlflow runs list
     --experiment-id` needs the id), and the command that shows it."""
