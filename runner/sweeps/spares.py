@@ -9,6 +9,9 @@ priority waits), and not at all while the current job's steps are timed (the job
 runner.control.ahead). The spare then reads one line, {"argv": [...], "env": {...}}, and goes on as
 `python -m runner <argv>` would.
 
+After the last job, the report is written the same way: its process (`python -m runner.sweeps.report`) imports
+mlflow and matplotlib beside the last job, held like a spare, and is handed the parent run to report on.
+
 Only under Hydra's basic launcher (jobs one by one in the sweep's process) and not under Slurm. A spare that is
 never handed a job ends when its stdin closes (the sweep ends or drops it) or with the sweep's process
 (procs.popen).
@@ -16,10 +19,12 @@ never handed a job ends when its stdin closes (the sweep ends or drops it) or wi
 
 import json
 import subprocess
+import sys
 
 from runner.control import ahead, contract, procs
 
 PER_JOB = (contract.SWEEP_JOB, contract.SPARE)  # what differs between a spare's environment and its job's
+REPORT = [sys.executable, "-m", "runner.sweeps.report"]  # the report's spare (runner.sweeps.report.main)
 
 
 class Spares:
@@ -29,13 +34,16 @@ class Spares:
         self.path = path  # where the running job finds the spare to hold (contract.SPARE_FILE)
         self.proc: subprocess.Popen | None = None
         self.env: dict | None = None
+        self.command: list[str] | None = None
 
-    def start(self, env: dict) -> None:
-        """A spare for the next job, with the environment the job will have (its number aside)."""
+    def start(self, env: dict, command: list[str] | None = None) -> None:
+        """A spare for the next job, with the environment the job will have (its number aside); with `command`
+        (REPORT), the report's."""
         self.drop()
         spare_env = {**env, contract.SPARE: "1"}
+        self.command = command or contract.runner_command([])
         self.proc = procs.popen(
-            contract.runner_command([]),
+            self.command,
             env=spare_env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -54,15 +62,23 @@ class Spares:
     def take(self, argv: list[str], env: dict) -> subprocess.Popen | None:
         """The spare, handed this job (`python -m runner <argv>` with `env`), or None when there is none or it was
         made for another environment (then it is dropped)."""
-        proc, spare_env, self.proc, self.env = self.proc, self.env, None, None
+        spare_env = self.env or {}
+        same = {k: v for k, v in spare_env.items() if k not in PER_JOB} == {k: v for k, v in env.items() if k not in PER_JOB}
+        return self._hand(contract.runner_command([]), {"argv": argv, "env": env}, same)
+
+    def take_report(self, request: dict) -> subprocess.Popen | None:
+        """The report's spare, handed `request` (runner.sweeps.report.main), or None when there is none."""
+        return self._hand(REPORT, request)
+
+    def _hand(self, command: list[str], message: dict, fits: bool = True) -> subprocess.Popen | None:
+        proc, made_as, self.proc, self.env, self.command = self.proc, self.command, None, None, None
         if proc is None:
             return None
         ahead.withdraw(self.path)  # before it becomes the job: the job never holds itself
         ahead.resume(proc.pid)
-        same = {k: v for k, v in spare_env.items() if k not in PER_JOB} == {k: v for k, v in env.items() if k not in PER_JOB}
-        if same and proc.poll() is None:
+        if fits and made_as == command and proc.poll() is None:
             try:
-                proc.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+                proc.stdin.write(json.dumps(message) + "\n")
                 proc.stdin.close()
                 proc.stdin = None  # its stdin is done with, as a job started without a spare has none of ours
                 return proc
@@ -73,7 +89,7 @@ class Spares:
 
     def drop(self) -> None:
         """No further job: the spare ends (its stdin closes; it has trained nothing)."""
-        proc, self.proc, self.env = self.proc, None, None
+        proc, self.proc, self.env, self.command = self.proc, None, None, None
         if proc is not None:
             ahead.withdraw(self.path)
             ahead.resume(proc.pid)  # a stopped process would not see its stdin close

@@ -25,7 +25,7 @@ from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
-from runner.sweeps.spares import Spares
+from runner.sweeps.spares import REPORT, Spares
 
 log = logging.getLogger("runner")
 # Hydra's launchers announce every job with its overrides as given: a second line per job, passwords unmasked.
@@ -219,7 +219,7 @@ def _run_child(
     Ctrl-C or SIGTERM the job gets the signal (once, in its own group), checkpoints and ends its run KILLED while its
     lines still come through; a further signal is passed on too (stop at once); then SweepStopped. With spares (the
     basic launcher), the job is the spare started ahead when there is one, and at the job's first line (its imports
-    are done by then) `spare_after` starts the next one, else mlflow is imported for the report."""
+    are done by then) the next one starts: the next job's with `spare_after`, else the report's."""
     proc = _spares.take(overrides, env) if _spares is not None and own_group else None
     if proc is None:
         proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
@@ -230,11 +230,7 @@ def _run_child(
         nonlocal tail, ahead
         if ahead:  # one thing of the lowest priority at a time, beside the job: it never waits for them
             ahead = False
-            if spare_after:
-                _spares.start(env)
-            else:
-                _spares.drop()
-                _warm_mlflow_in_background()
+            _spares.start(env, None if spare_after else REPORT)
         sys.stdout.write(f"[{label}] {line}")
         sys.stdout.flush()
         tail = (tail + [line])[-30:]
@@ -258,6 +254,22 @@ def _run_child(
             show(line)
         proc.wait()
         raise SweepStopped(signum) from None
+
+
+def _reported_ahead(report: dict, result: str) -> list[str] | None:
+    """The report, written by its spare (started beside the last job) and its lines passed on; the failed jobs, or
+    None when there is no such spare or it could not write the report (then this process writes it)."""
+    proc = _spares.take_report({"report": report, "result": result}) if _spares is not None else None
+    if proc is None:
+        return None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+    proc.wait()
+    try:
+        with open(result) as f:
+            return json.load(f)["failed"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def kill_parent_run(signum: int) -> None:
@@ -397,14 +409,23 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.sweeps.report import write_report
 
-        if _spares is not None:
-            _spares.drop()
         sweep_dir = config.hydra.sweep.dir
         parent = parent_run_id() or _ensure_parent(cfg_uri(config))  # none yet: no job logged a run
         if not parent:
+            if _spares is not None:
+                _spares.drop()
             return
         direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
-        failed = write_report(cfg_uri(config), parent, sweep_dir, config.sweep.objective if direction else None, direction)
+        report = dict(
+            uri=cfg_uri(config),
+            parent_id=parent,
+            sweep_dir=sweep_dir,
+            objective=config.sweep.objective if direction else None,
+            direction=direction,
+        )
+        failed = _reported_ahead(report, _state(sweep_dir, "report.json"))
+        if failed is None:
+            failed = write_report(**report)
         if failed:
             print(
                 f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
