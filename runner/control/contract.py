@@ -15,6 +15,8 @@ environment only, never on the command line, where `ps` shows it to everyone:
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
 - `RUNNER_SPARE` (sweep -> the next job's process, started ahead): import, then wait for the job's overrides and
   environment on stdin (runner.sweeps.spares).
+- `RUNNER_MLFLOW_SERVER` (sweep -> job: tracking): the socket of the sweep's MLflow server, which forks each job
+  an MLflow process with mlflow already imported (runner.mlflow_process.server).
 - `RUNNER_SPARE_FILE` (sweep -> job): where the sweep names that spare, for the job to hold it still while its
   training is timed (runner.control.ahead).
 - `MLFLOW_TRACKING_URI` (launcher, sweep, tracking, stopping -> children, the MLflow process, the watchdog): the
@@ -38,6 +40,7 @@ SWEEP_JOB = "RUNNER_SWEEP_JOB"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
 SPARE = "RUNNER_SPARE"
 SPARE_FILE = "RUNNER_SPARE_FILE"
+MLFLOW_SERVER = "RUNNER_MLFLOW_SERVER"
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 
 

@@ -1,15 +1,11 @@
 """The sweep's comparison report, from the child runs in MLflow: a table (terminal, CSV, Markdown) and
 plots (throughput per job, loss curves, scaling efficiency), saved in the sweep directory and logged as
-artifacts of the parent run.
-
-`python -m runner.sweeps.report` is the report's spare (runner.sweeps.spares): it imports mlflow and matplotlib at
-the lowest priority while the last job runs, then writes the report it is handed on stdin."""
+artifacts of the parent run."""
 
 import csv
 import glob
 import json
 import os
-import sys
 
 COLUMNS = [
     "job",
@@ -226,37 +222,3 @@ def write_report(
     client.set_tag(parent_id, "sweep.failed_jobs", str(len(failed)))
     client.set_terminated(parent_id, "FAILED" if failed else "FINISHED")
     return failed
-
-
-def main() -> None:
-    """The report's spare: imports now, then one line {"report": write_report's arguments, "result": path}; the
-    failed jobs (or the error that stopped the report) go to `result` as JSON, for the sweep to act on."""
-    try:
-        os.nice(19)  # beside the last job only, and held still while its steps are timed (runner.control.ahead)
-    except OSError:
-        pass
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot  # noqa: F401
-        import mlflow  # noqa: F401
-        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-    except Exception:  # noqa: S110  (imported again by write_report, whose error the sweep then shows)
-        pass
-    line = sys.stdin.readline()
-    if not line.strip():  # the sweep dropped it, or ended
-        os._exit(0)
-    request = json.loads(line)
-    try:
-        outcome = {"failed": write_report(**request["report"])}
-    except Exception as err:  # written again by the sweep's process, which says what is wrong
-        outcome = {"error": f"{type(err).__name__}: {err}"}
-    with open(request["result"], "w") as f:
-        json.dump(outcome, f)
-    sys.stdout.flush()
-    os._exit(0)  # tearing mlflow, SQLAlchemy and matplotlib down would only cost time
-
-
-if __name__ == "__main__":
-    main()

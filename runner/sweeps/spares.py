@@ -9,8 +9,8 @@ priority waits), and not at all while the current job's steps are timed (the job
 runner.control.ahead). The spare then reads one line, {"argv": [...], "env": {...}}, and goes on as
 `python -m runner <argv>` would.
 
-After the last job, the report is written the same way: its process (`python -m runner.sweeps.report`) imports
-mlflow and matplotlib beside the last job, held like a spare, and is handed the parent run to report on.
+A spare's MLflow process, and every job's, is forked from the sweep's MLflow server (`MlflowServer`,
+runner.sweeps.server) with mlflow already imported.
 
 Only under Hydra's basic launcher (jobs one by one in the sweep's process) and not under Slurm. A spare that is
 never handed a job ends when its stdin closes (the sweep ends or drops it) or with the sweep's process
@@ -18,13 +18,16 @@ never handed a job ends when its stdin closes (the sweep ends or drops it) or wi
 """
 
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 
 from runner.control import ahead, contract, procs
 
 PER_JOB = (contract.SWEEP_JOB, contract.SPARE)  # what differs between a spare's environment and its job's
-REPORT = [sys.executable, "-m", "runner.sweeps.report"]  # the report's spare (runner.sweeps.report.main)
 
 
 class Spares:
@@ -34,16 +37,13 @@ class Spares:
         self.path = path  # where the running job finds the spare to hold (contract.SPARE_FILE)
         self.proc: subprocess.Popen | None = None
         self.env: dict | None = None
-        self.command: list[str] | None = None
 
-    def start(self, env: dict, command: list[str] | None = None) -> None:
-        """A spare for the next job, with the environment the job will have (its number aside); with `command`
-        (REPORT), the report's."""
+    def start(self, env: dict) -> None:
+        """A spare for the next job, with the environment the job will have (its number aside)."""
         self.drop()
         spare_env = {**env, contract.SPARE: "1"}
-        self.command = command or contract.runner_command([])
         self.proc = procs.popen(
-            self.command,
+            contract.runner_command([]),
             env=spare_env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -62,23 +62,15 @@ class Spares:
     def take(self, argv: list[str], env: dict) -> subprocess.Popen | None:
         """The spare, handed this job (`python -m runner <argv>` with `env`), or None when there is none or it was
         made for another environment (then it is dropped)."""
-        spare_env = self.env or {}
-        same = {k: v for k, v in spare_env.items() if k not in PER_JOB} == {k: v for k, v in env.items() if k not in PER_JOB}
-        return self._hand(contract.runner_command([]), {"argv": argv, "env": env}, same)
-
-    def take_report(self, request: dict) -> subprocess.Popen | None:
-        """The report's spare, handed `request` (runner.sweeps.report.main), or None when there is none."""
-        return self._hand(REPORT, request)
-
-    def _hand(self, command: list[str], message: dict, fits: bool = True) -> subprocess.Popen | None:
-        proc, made_as, self.proc, self.env, self.command = self.proc, self.command, None, None, None
+        proc, spare_env, self.proc, self.env = self.proc, self.env, None, None
         if proc is None:
             return None
         ahead.withdraw(self.path)  # before it becomes the job: the job never holds itself
         ahead.resume(proc.pid)
-        if fits and made_as == command and proc.poll() is None:
+        same = {k: v for k, v in spare_env.items() if k not in PER_JOB} == {k: v for k, v in env.items() if k not in PER_JOB}
+        if same and proc.poll() is None:
             try:
-                proc.stdin.write(json.dumps(message) + "\n")
+                proc.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
                 proc.stdin.close()
                 proc.stdin = None  # its stdin is done with, as a job started without a spare has none of ours
                 return proc
@@ -89,7 +81,7 @@ class Spares:
 
     def drop(self) -> None:
         """No further job: the spare ends (its stdin closes; it has trained nothing)."""
-        proc, self.proc, self.env, self.command = self.proc, None, None, None
+        proc, self.proc, self.env = self.proc, None, None
         if proc is not None:
             ahead.withdraw(self.path)
             ahead.resume(proc.pid)  # a stopped process would not see its stdin close
@@ -107,3 +99,47 @@ def _end(proc: subprocess.Popen) -> None:
         proc.kill()
         proc.wait()
     proc.stdout.close()
+
+
+class MlflowServer:
+    """The sweep's MLflow server (runner.sweeps.server): each job's MLflow process, and the report's process, is
+    forked from it with mlflow already imported, instead of importing it again; its socket is in a directory of
+    this user's only."""
+
+    def __init__(self, env: dict):
+        self.dir = tempfile.mkdtemp(prefix="runner-mlflow-")
+        self.path = os.path.join(self.dir, "mlflow.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)  # here: a job that connects before the server has started waits in the backlog
+        listener.listen(16)
+        argv = [sys.executable, "-m", "runner.sweeps.server", str(listener.fileno())]
+        try:
+            self.proc = procs.popen(argv, deaf=True, env=env, stdin=subprocess.PIPE, pass_fds=(listener.fileno(),))
+        finally:
+            listener.close()
+
+    def stop(self) -> None:
+        """No job connects any more (those that did keep their MLflow processes until they end)."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def report(self, report: dict, result: str) -> list[str] | None:
+        """The report (write_report's arguments), written by a process forked from the server, its lines passed on;
+        the failed jobs, or None when the server is gone or could not write it (then the sweep writes it itself)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+            sock.sendall((json.dumps({"report": report, "result": result}) + "\n").encode())
+            sock.shutdown(socket.SHUT_WR)
+            for line in sock.makefile("r", encoding="utf-8"):
+                sys.stdout.write(line)
+            with open(result) as f:
+                return json.load(f)["failed"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        finally:
+            sock.close()

@@ -25,7 +25,7 @@ from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
-from runner.sweeps.spares import REPORT, Spares
+from runner.sweeps.spares import MlflowServer, Spares
 
 log = logging.getLogger("runner")
 # Hydra's launchers announce every job with its overrides as given: a second line per job, passwords unmasked.
@@ -41,6 +41,7 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 # The next job's process, started ahead (runner.sweeps.spares): under the basic launcher only, which runs the jobs one
 # after another in this process (SweepCallback sets it; Hydra calls run_sweep_job with nothing but the job's config).
 _spares: Spares | None = None
+_server: MlflowServer | None = None
 
 
 class _NoPerJobLine(logging.Filter):
@@ -219,7 +220,7 @@ def _run_child(
     Ctrl-C or SIGTERM the job gets the signal (once, in its own group), checkpoints and ends its run KILLED while its
     lines still come through; a further signal is passed on too (stop at once); then SweepStopped. With spares (the
     basic launcher), the job is the spare started ahead when there is one, and at the job's first line (its imports
-    are done by then) the next one starts: the next job's with `spare_after`, else the report's."""
+    are done by then) `spare_after` starts the next one."""
     proc = _spares.take(overrides, env) if _spares is not None and own_group else None
     if proc is None:
         proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
@@ -230,7 +231,8 @@ def _run_child(
         nonlocal tail, ahead
         if ahead:  # one thing of the lowest priority at a time, beside the job: it never waits for them
             ahead = False
-            _spares.start(env, None if spare_after else REPORT)
+            if spare_after:
+                _spares.start(env)
         sys.stdout.write(f"[{label}] {line}")
         sys.stdout.flush()
         tail = (tail + [line])[-30:]
@@ -254,22 +256,6 @@ def _run_child(
             show(line)
         proc.wait()
         raise SweepStopped(signum) from None
-
-
-def _reported_ahead(report: dict, result: str) -> list[str] | None:
-    """The report, written by its spare (started beside the last job) and its lines passed on; the failed jobs, or
-    None when there is no such spare or it could not write the report (then this process writes it)."""
-    proc = _spares.take_report({"report": report, "result": result}) if _spares is not None else None
-    if proc is None:
-        return None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-    proc.wait()
-    try:
-        with open(result) as f:
-            return json.load(f)["failed"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def kill_parent_run(signum: int) -> None:
@@ -398,8 +384,10 @@ class SweepCallback(Callback):
         )
         os.environ[contract.PARENT_RUN_FILE] = announced
         log.info("sweep of %s jobs into %s", label, sweep_dir)
-        global _spares
+        global _spares, _server
         if hc.launcher.get("_target_") == BASIC_LAUNCHER and config.cluster.name != "slurm":
+            _server = MlflowServer(contract.child_env(uri))
+            os.environ[contract.MLFLOW_SERVER] = _server.path  # each job's MLflow process: forked, mlflow imported
             os.environ[contract.SPARE_FILE] = _state(sweep_dir, "spare.pid")  # the jobs hold the spare from it
             _spares = Spares(os.environ[contract.SPARE_FILE])
             _spares.start(contract.child_env(uri))  # the first job's; mlflow for the report during the last job
@@ -411,9 +399,11 @@ class SweepCallback(Callback):
 
         sweep_dir = config.hydra.sweep.dir
         parent = parent_run_id() or _ensure_parent(cfg_uri(config))  # none yet: no job logged a run
+        if _spares is not None:
+            _spares.drop()
         if not parent:
-            if _spares is not None:
-                _spares.drop()
+            if _server is not None:
+                _server.stop()
             return
         direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
         report = dict(
@@ -423,7 +413,9 @@ class SweepCallback(Callback):
             objective=config.sweep.objective if direction else None,
             direction=direction,
         )
-        failed = _reported_ahead(report, _state(sweep_dir, "report.json"))
+        failed = _server.report(report, _state(sweep_dir, "report.json")) if _server is not None else None
+        if _server is not None:
+            _server.stop()
         if failed is None:
             failed = write_report(**report)
         if failed:

@@ -9,12 +9,15 @@ import itertools
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 
-from runner.control import procs
+from runner.control import contract, procs
 from runner.errors import ConfigError
 
 log = logging.getLogger("runner")
@@ -42,6 +45,14 @@ class Pipe:
         return cls(uri, niceness)
 
     def _start(self) -> None:
+        server = os.environ.get(contract.MLFLOW_SERVER)  # a sweep's: an MLflow process forked with mlflow imported
+        forked = _Forked.connect(server, self.uri, self.niceness) if server else None
+        if forked is not None:
+            self.proc = forked
+            self._gone: str | None = None
+            self._reader = threading.Thread(target=self._read, args=(self.proc,), name="mlflow-pipe", daemon=True)
+            self._reader.start()
+            return
         env = dict(os.environ, MLFLOW_TRACKING_URI=self.uri)  # not in argv, where credentials would show in `ps`
         argv = [sys.executable, "-m", "runner.mlflow_process", str(os.getpid()), str(self.niceness)]
         options = dict(env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -157,3 +168,91 @@ class Pipe:
             self.proc.kill()
             self.proc.wait()
         self._reader.join(timeout=1)
+
+
+class _Forked:
+    """An MLflow process forked for this process by a sweep's server (runner.mlflow_process.server), over a Unix
+    socket: what `Pipe` uses of a Popen (stdin, stdout, pid, poll, wait, kill)."""
+
+    HELLO_WAIT_SEC = 60.0  # the server imports mlflow before it forks the first child
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.stdin = _HalfClosing(sock)
+        self._lines = sock.makefile("r", encoding="utf-8")
+        self._pid: int | None = None
+        self._known = threading.Event()
+
+    @classmethod
+    def connect(cls, path: str, uri: str, niceness: int) -> "_Forked | None":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            sock.sendall((json.dumps({"owner": os.getpid(), "niceness": niceness, "uri": uri}) + "\n").encode())
+        except OSError:  # the server is gone (the sweep ended, or it was killed): spawn one as usual
+            sock.close()
+            return None
+        return cls(sock)
+
+    @property
+    def stdout(self):
+        """The MLflow process's lines, after the first, which names it; they end when it does (a process killed with
+        a call unread resets the connection: the same end as a pipe's)."""
+        try:
+            for line in self._lines:
+                if self._pid is None:
+                    try:
+                        self._pid = int(json.loads(line)["pid"])
+                    except (ValueError, KeyError, TypeError):
+                        self._pid = 0
+                    self._known.set()
+                    continue
+                yield line
+        except OSError:
+            pass
+        finally:
+            self._known.set()
+
+    @property
+    def pid(self) -> int:
+        self._known.wait(self.HELLO_WAIT_SEC)
+        return self._pid or 0
+
+    def poll(self) -> int | None:
+        return None if self.pid and procs.start_ticks(self.pid) is not None and procs.state(self.pid) != "Z" else 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("mlflow process", timeout)
+            time.sleep(0.01)
+        return 0
+
+    def kill(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+class _HalfClosing:
+    """The socket's sending side as a text stream; close() shuts it down, which the MLflow process reads as the end
+    of its stdin, while its answers still come back."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self._out = sock, sock.makefile("w", encoding="utf-8")
+
+    def write(self, text: str) -> int:
+        return self._out.write(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def close(self) -> None:
+        try:
+            self._out.close()
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass

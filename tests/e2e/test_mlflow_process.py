@@ -18,6 +18,11 @@ def _child_pids(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
+def _parents(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/stat") as f:
+        return [int(f.read().rsplit(")", 1)[1].split()[1])]
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -26,13 +31,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_calls_reach_the_store_and_a_killed_process_is_replaced(sqlite_uri, caplog):
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked by a sweep's server"])
+def test_calls_reach_the_store_and_a_killed_process_is_replaced(sqlite_uri, caplog, monkeypatch, forked):
     from mlflow import MlflowClient
 
+    from runner.control import contract
+    from runner.sweeps.spares import MlflowServer
     from runner.tracking.pipe import Pipe, PipeError
 
     client = MlflowClient(sqlite_uri)
     run_id = client.create_run("0").info.run_id
+    server = MlflowServer(dict(os.environ)) if forked else None
+    if server:
+        monkeypatch.setenv(contract.MLFLOW_SERVER, server.path)
     pipe = Pipe.spawn(sqlite_uri)
     try:
         now = int(time.time() * 1000)
@@ -47,9 +58,14 @@ def test_calls_reach_the_store_and_a_killed_process_is_replaced(sqlite_uri, capl
             except PipeError:
                 time.sleep(0.2)
         assert pipe.proc.pid != first and pipe.restarts == 1
+        if server:  # forked again from the server, not spawned: it has no process of its own here
+            assert not [p for p in _child_pids(os.getpid()) if "runner.mlflow_process" in _cmdline(p)]
+            assert os.getppid() != pipe.proc.pid and server.proc.pid in _parents(pipe.proc.pid)
         pipe.set_terminated(run_id, "FINISHED")
     finally:
         pipe.close()
+        if server:
+            server.stop()
     run = client.get_run(run_id)
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5), (2, 0.25)]
     assert run.data.tags["t"] == "v" and run.data.params["p"] == "1" and run.info.status == "FINISHED"

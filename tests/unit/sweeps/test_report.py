@@ -221,27 +221,23 @@ def test_a_search_ranks_its_trials_by_the_objective_and_tags_the_best(sweep, dir
     assert [n for n, i in ids.items() if client.get_run(i).data.tags.get("sweep.best") == "true"] == [int(order[0])]
 
 
-def test_the_reports_spare_writes_the_report_it_is_handed_and_says_what_failed(sweep, tmp_path):
-    """`python -m runner.sweeps.report` started ahead (runner.sweeps.spares), handed the sweep's parent run."""
-    from runner.sweeps.spares import REPORT, Spares
+def test_the_sweeps_server_writes_the_report_it_is_asked_for_and_says_what_failed(sweep, tmp_path, capfd):
+    """The report in a process forked from the sweep's MLflow server (runner.sweeps.server), mlflow imported."""
+    from runner.sweeps.spares import MlflowServer
 
     client, parent_id, sweep_dir, job = sweep
     job(0, "default", "fit", 1, 1000.0, [0.9, 0.5])
     job(1, "mirrored", "fit", 2, 1500.0, [0.9, 0.4], status="FAILED", returncode=1)
-    spares = Spares(str(tmp_path / "spare.pid"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    spares.start(env, REPORT)
-    assert spares.take(["--cfg", "job"], env) is None  # a report's spare is never handed a job (it is dropped)
-    spares.start(env, REPORT)
-    result = tmp_path / "report.json"
-    args = dict(uri=client.tracking_uri, parent_id=parent_id, sweep_dir=str(sweep_dir))
-    proc = spares.take_report({"report": {**args, "objective": None, "direction": None}, "result": str(result)})
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "report: " in out, out
-    assert json.loads(result.read_text()) == {"failed": ["#1 (strategy=mirrored executor=fit)"]}
-    assert (sweep_dir / "report.csv").is_file() and client.get_run(parent_id).info.status == "FAILED"
-    spares.start(env, REPORT)  # a parent run that is not there: the error, for the sweep to write the report itself
-    proc = spares.take_report({"report": {**args, "parent_id": "0" * 32, "objective": None, "direction": None},
-                               "result": str(result)})  # fmt: skip
-    proc.communicate(timeout=120)
-    assert "error" in json.loads(result.read_text())
+    server = MlflowServer({**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        args = dict(uri=client.tracking_uri, parent_id=parent_id, sweep_dir=str(sweep_dir), objective=None, direction=None)
+        failed = server.report(args, str(tmp_path / "report.json"))
+        assert failed == ["#1 (strategy=mirrored executor=fit)"]
+        assert "report: " in capfd.readouterr().out  # its lines, passed on
+        assert (sweep_dir / "report.csv").is_file() and client.get_run(parent_id).info.status == "FAILED"
+        # a parent run that is not there: None, for the sweep to write the report itself (and say what is wrong)
+        assert server.report({**args, "parent_id": "0" * 32}, str(tmp_path / "again.json")) is None
+        assert "error" in json.loads((tmp_path / "again.json").read_text())
+    finally:
+        server.stop()
+    assert server.report(args, str(tmp_path / "gone.json")) is None and not os.path.exists(server.dir)
