@@ -4,6 +4,10 @@ Each tree is a checkout of this repository (e.g. `git worktree add /tmp/old <com
 link so the package resolves from it); each run is `python -m runner` with PYTHONPATH at that tree, MLflow off (the
 training path only), interleaved with the order rotated, medians. Reports whole-process wall time and the training
 call's throughput (examples over time/train_sec, from the run's `done:` line) for each side, and new / old.
+
+`--sweep`: benchmarks.wall's sweep row for both trees (MLflow on, one store): OLD's sweep, NEW's sweep and NEW's jobs
+typed one by one, interleaved with the order rotated, medians; "sweep / one by one" is the one-by-one time over the
+sweep's (1.0: the sweep costs nothing of its own).
 """
 
 import argparse
@@ -15,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.wall import ROWS, runner_argv
+from benchmarks.wall import ROWS, SWEEP, SWEEP_STEPS, Wall, runner_argv, sweep_args
 
 
 def run(tree, workdir, strategy, cpus, executor, steps, gbs):
@@ -33,6 +37,39 @@ def run(tree, workdir, strategy, cpus, executor, steps, gbs):
     return wall, steps * gbs / train
 
 
+def sweeps(trees: dict, rounds: int) -> None:
+    """The sweep row, OLD and NEW side by side, into one store (the processes find the runner at each tree)."""
+    wall = Wall(tempfile.mkdtemp(prefix="bench-ab-sweep-"), 0)
+    sides = {f"sweep, {side}": (lambda t=tree: _at(t, lambda: wall.sweep(SWEEP, SWEEP_STEPS))) for side, tree in trees.items()}
+    sides["one by one, new"] = lambda: _at(trees["new"], lambda: wall.one_by_one(SWEEP, SWEEP_STEPS))
+    sides["one by one, new"]()  # once before the rounds: the store is created and migrated, the files cached
+    names, got = list(sides), {name: [] for name in sides}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            got[name].append(sides[name]()[0])
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in got.items()), file=sys.stderr, flush=True)
+    med = {name: statistics.median(v) for name, v in got.items()}
+    single = med["one by one, new"]
+    print(f"`python -m runner -m {' '.join(sweep_args(SWEEP, SWEEP_STEPS))}`, MLflow on, {rounds} interleaved rounds, medians\n")
+    print("| sweep, old (s) | sweep, new (s) | one by one (s) | sweep / one by one, old | new |")
+    print("|---|---|---|---|---|")
+    print(f"| {med['sweep, old']:.2f} | {med['sweep, new']:.2f} | {single:.2f} | {single / med['sweep, old']:.3f} | "
+          f"{single / med['sweep, new']:.3f} |")  # fmt: skip
+
+
+def _at(tree: str, measure):
+    """`measure()` with PYTHONPATH at `tree` for the processes it starts."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = tree
+    try:
+        return measure()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.ab")
     p.add_argument("old")
@@ -40,9 +77,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--sweep", action="store_true", help="the sweep row (benchmarks.wall's) instead of the rows")
     args = p.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="bench-ab-")
     trees = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
+    if args.sweep:
+        return sweeps(trees, args.rounds)
     got = {(row, side): [] for row in ROWS for side in trees}
     for r in range(args.rounds):
         for i, row in enumerate(ROWS):

@@ -386,12 +386,13 @@ class SweepCallback(Callback):
         log.info("sweep of %s jobs into %s", label, sweep_dir)
         global _spares, _server
         if hc.launcher.get("_target_") == BASIC_LAUNCHER and config.cluster.name != "slurm":
-            _server = MlflowServer(contract.child_env(uri))
-            os.environ[contract.MLFLOW_SERVER] = _server.path  # each job's MLflow process: forked, mlflow imported
+            if config.mlflow.enabled:
+                _server = MlflowServer(contract.child_env(uri))
+                os.environ[contract.MLFLOW_SERVER] = _server.path  # each job's MLflow process: forked, mlflow imported
             os.environ[contract.SPARE_FILE] = _state(sweep_dir, "spare.pid")  # the jobs hold the spare from it
             _spares = Spares(os.environ[contract.SPARE_FILE])
-            _spares.start(contract.child_env(uri))  # the first job's; mlflow for the report during the last job
-        else:
+            _spares.start(contract.child_env(uri))  # the first job's
+        if _server is None:  # the report is written here: its imports while the jobs run
             _warm_mlflow_in_background()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
