@@ -54,13 +54,7 @@ def exit(code) -> None:
     elif not isinstance(code, int):  # sys.exit("message") prints it and exits 1
         print(code, file=sys.stderr)
         code = 1
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    _exit_now(code)
 
 
 def after_atexit() -> None:
@@ -68,10 +62,15 @@ def after_atexit() -> None:
     the other handlers having run, instead of tearing its modules down one by one."""
     if not _exiting or "tensorflow" in sys.modules or "mlflow" not in sys.modules:
         return
+    _exit_now(_exiting[-1])
+
+
+def _exit_now(code: int) -> None:
+    """The logs and both streams flushed, then the process ends with `code`, its modules left as they are."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(_exiting[-1])
+    os._exit(code)

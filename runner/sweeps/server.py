@@ -1,6 +1,6 @@
 """The sweep's MLflow server: one process imports mlflow (and matplotlib, for the report) once, and forks each job
 an MLflow process ready to serve, and the report's process at the end. `python -m runner.sweeps.server FD`, FD a
-listening Unix socket the sweep bound (runner.sweeps.spares.MlflowServer).
+listening Unix socket the sweep bound; `MlflowServer` is the sweep's side.
 
 Every training process has an MLflow process of its own (runner.mlflow_process.process), which imports mlflow and
 SQLAlchemy's store first: seconds of CPU per job, which a sweep of short jobs paid again and again on the cores its
@@ -19,9 +19,58 @@ the sweep (runner.control.procs); its children go on serving the jobs that conne
 import json
 import os
 import select
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
+
+from runner.control import procs
+
+
+class MlflowServer:
+    """The sweep's side of its MLflow server (`main`, a process of its own): each job's MLflow process, and the
+    report's, is forked from it with mlflow already imported, instead of importing it again; its socket is in a
+    directory of this user's only."""
+
+    def __init__(self, env: dict):
+        self.dir = tempfile.mkdtemp(prefix="runner-mlflow-")
+        self.path = os.path.join(self.dir, "mlflow.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)  # here: a job that connects before the server has started waits in the backlog
+        listener.listen(16)
+        argv = [sys.executable, "-m", "runner.sweeps.server", str(listener.fileno())]
+        try:
+            self.proc = procs.popen(argv, deaf=True, env=env, stdin=subprocess.PIPE, pass_fds=(listener.fileno(),))
+        finally:
+            listener.close()
+
+    def stop(self) -> None:
+        """No job connects any more (those that did keep their MLflow processes until they end)."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def report(self, report: dict, result: str) -> list[str] | None:
+        """The report (write_report's arguments), written by a process forked from the server, its lines passed on;
+        the failed jobs, or None when the server is gone or could not write it (then the sweep writes it itself)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+            sock.sendall((json.dumps({"report": report, "result": result}) + "\n").encode())
+            sock.shutdown(socket.SHUT_WR)
+            for line in sock.makefile("r", encoding="utf-8"):
+                sys.stdout.write(line)
+            with open(result) as f:
+                return json.load(f)["failed"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        finally:
+            sock.close()
 
 
 def _hello(conn: socket.socket) -> dict | None:

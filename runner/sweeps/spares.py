@@ -9,8 +9,8 @@ priority waits), and not at all while the current job's steps are timed (the job
 runner.control.ahead). The spare then reads one line, {"argv": [...], "env": {...}}, and goes on as
 `python -m runner <argv>` would.
 
-A spare's MLflow process, and every job's, is forked from the sweep's MLflow server (`MlflowServer`,
-runner.sweeps.server) with mlflow already imported.
+A spare's MLflow process, and every job's, is forked from the sweep's MLflow server (runner.sweeps.server) with
+mlflow already imported.
 
 Only under Hydra's basic launcher (jobs one by one in the sweep's process) and not under Slurm. A spare that is
 never handed a job ends when its stdin closes (the sweep ends or drops it) or with the sweep's process
@@ -18,12 +18,7 @@ never handed a job ends when its stdin closes (the sweep ends or drops it) or wi
 """
 
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
-import tempfile
 
 from runner.control import ahead, contract, procs
 
@@ -99,47 +94,3 @@ def _end(proc: subprocess.Popen) -> None:
         proc.kill()
         proc.wait()
     proc.stdout.close()
-
-
-class MlflowServer:
-    """The sweep's MLflow server (runner.sweeps.server): each job's MLflow process, and the report's process, is
-    forked from it with mlflow already imported, instead of importing it again; its socket is in a directory of
-    this user's only."""
-
-    def __init__(self, env: dict):
-        self.dir = tempfile.mkdtemp(prefix="runner-mlflow-")
-        self.path = os.path.join(self.dir, "mlflow.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.path)  # here: a job that connects before the server has started waits in the backlog
-        listener.listen(16)
-        argv = [sys.executable, "-m", "runner.sweeps.server", str(listener.fileno())]
-        try:
-            self.proc = procs.popen(argv, deaf=True, env=env, stdin=subprocess.PIPE, pass_fds=(listener.fileno(),))
-        finally:
-            listener.close()
-
-    def stop(self) -> None:
-        """No job connects any more (those that did keep their MLflow processes until they end)."""
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def report(self, report: dict, result: str) -> list[str] | None:
-        """The report (write_report's arguments), written by a process forked from the server, its lines passed on;
-        the failed jobs, or None when the server is gone or could not write it (then the sweep writes it itself)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(self.path)
-            sock.sendall((json.dumps({"report": report, "result": result}) + "\n").encode())
-            sock.shutdown(socket.SHUT_WR)
-            for line in sock.makefile("r", encoding="utf-8"):
-                sys.stdout.write(line)
-            with open(result) as f:
-                return json.load(f)["failed"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        finally:
-            sock.close()

@@ -25,7 +25,8 @@ from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
-from runner.sweeps.spares import MlflowServer, Spares
+from runner.sweeps.server import MlflowServer
+from runner.sweeps.spares import Spares
 
 log = logging.getLogger("runner")
 # Hydra's launchers announce every job with its overrides as given: a second line per job, passwords unmasked.
@@ -107,9 +108,9 @@ def _warm_mlflow_in_background() -> None:
 
 
 def _warm_mlflow() -> None:
-    """mlflow's and matplotlib's imports for the report, at the lowest priority while the last job runs (Linux: a
-    thread's own niceness); the store is opened later, not here: its lock would keep a job's MLflow process waiting
-    on this thread."""
+    """mlflow's and matplotlib's imports for the report written in this process (no MLflow server), at the lowest
+    priority while the jobs run (Linux: a thread's own niceness); the store is opened later, not here: its lock would
+    keep a job's MLflow process waiting on this thread."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):

@@ -36,7 +36,7 @@ def test_calls_reach_the_store_and_a_killed_process_is_replaced(sqlite_uri, capl
     from mlflow import MlflowClient
 
     from runner.control import contract
-    from runner.sweeps.spares import MlflowServer
+    from runner.sweeps.server import MlflowServer
     from runner.tracking.pipe import Pipe, PipeError
 
     client = MlflowClient(sqlite_uri)

@@ -223,7 +223,7 @@ def test_a_search_ranks_its_trials_by_the_objective_and_tags_the_best(sweep, dir
 
 def test_the_sweeps_server_writes_the_report_it_is_asked_for_and_says_what_failed(sweep, tmp_path, capfd):
     """The report in a process forked from the sweep's MLflow server (runner.sweeps.server), mlflow imported."""
-    from runner.sweeps.spares import MlflowServer
+    from runner.sweeps.server import MlflowServer
 
     client, parent_id, sweep_dir, job = sweep
     job(0, "default", "fit", 1, 1000.0, [0.9, 0.5])
