@@ -16,7 +16,7 @@ environment only, never on the command line, where `ps` shows it to everyone:
 - `RUNNER_SPARE` (sweep -> the next job's process, started ahead): import, then wait for the job's overrides and
   environment on stdin (runner.sweeps.spares).
 - `RUNNER_MLFLOW_SERVER` (sweep -> job: tracking): the socket of the sweep's MLflow server, which forks each job
-  an MLflow process with mlflow already imported (runner.mlflow_process.server).
+  an MLflow process with mlflow already imported (runner.sweeps.server).
 - `RUNNER_SPARE_FILE` (sweep -> job): where the sweep names that spare, for the job to hold it still while its
   training is timed (runner.control.ahead).
 - `MLFLOW_TRACKING_URI` (launcher, sweep, tracking, stopping -> children, the MLflow process, the watchdog): the

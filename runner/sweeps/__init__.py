@@ -1,8 +1,9 @@
 """Multirun sweeps, in the sweep's own process (each job is a fresh training process of its own).
 
 The Hydra callback that makes one MLflow parent run per sweep and starts every job (`sweep`), the next job's
-process and the report's started ahead (`spares`), the comparison report and its plots from the child runs
-(`report`), and Slurm jobs under the submitit launcher (`slurm`).
+process started ahead (`spares`), the MLflow server that forks each job's MLflow process and the report's
+(`server`), the comparison report and its plots from the child runs (`report`), and Slurm jobs under the submitit
+launcher (`slurm`).
 
 Imports: runner.errors, runner.config, runner.control, runner.tracking, runner.mlflow_process (the store, to read
 the child runs back)

@@ -103,10 +103,6 @@ def _ensure_parent(uri: str) -> str | None:
         sys.exit(2)
 
 
-def _warm_mlflow_in_background() -> None:
-    threading.Thread(target=_warm_mlflow, name="sweep-mlflow-import", daemon=True).start()
-
-
 def _warm_mlflow() -> None:
     """mlflow's and matplotlib's imports for the report written in this process (no MLflow server), at the lowest
     priority while the jobs run (Linux: a thread's own niceness); the store is opened later, not here: its lock would
@@ -394,7 +390,7 @@ class SweepCallback(Callback):
             _spares = Spares(os.environ[contract.SPARE_FILE])
             _spares.start(contract.child_env(uri))  # the first job's
         if _server is None:  # the report is written here: its imports while the jobs run
-            _warm_mlflow_in_background()
+            threading.Thread(target=_warm_mlflow, name="sweep-mlflow-import", daemon=True).start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.sweeps.report import write_report
@@ -403,21 +399,21 @@ class SweepCallback(Callback):
         parent = parent_run_id() or _ensure_parent(cfg_uri(config))  # none yet: no job logged a run
         if _spares is not None:
             _spares.drop()
-        if not parent:
+        try:
+            if not parent:
+                return
+            direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
+            report = dict(
+                uri=cfg_uri(config),
+                parent_id=parent,
+                sweep_dir=sweep_dir,
+                objective=config.sweep.objective if direction else None,
+                direction=direction,
+            )
+            failed = _server.report(report, _state(sweep_dir, "report.json")) if _server is not None else None
+        finally:
             if _server is not None:
                 _server.stop()
-            return
-        direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
-        report = dict(
-            uri=cfg_uri(config),
-            parent_id=parent,
-            sweep_dir=sweep_dir,
-            objective=config.sweep.objective if direction else None,
-            direction=direction,
-        )
-        failed = _server.report(report, _state(sweep_dir, "report.json")) if _server is not None else None
-        if _server is not None:
-            _server.stop()
         if failed is None:
             failed = write_report(**report)
         if failed:

@@ -46,20 +46,15 @@ class Pipe:
 
     def _start(self) -> None:
         server = os.environ.get(contract.MLFLOW_SERVER)  # a sweep's: an MLflow process forked with mlflow imported
-        forked = _Forked.connect(server, self.uri, self.niceness) if server else None
-        if forked is not None:
-            self.proc = forked
-            self._gone: str | None = None
-            self._reader = threading.Thread(target=self._read, args=(self.proc,), name="mlflow-pipe", daemon=True)
-            self._reader.start()
-            return
-        env = dict(os.environ, MLFLOW_TRACKING_URI=self.uri)  # not in argv, where credentials would show in `ps`
-        argv = [sys.executable, "-m", "runner.mlflow_process", str(os.getpid()), str(self.niceness)]
-        options = dict(env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        # It dies with the thread that starts it (procs.popen): only the main thread lives as long as the run. A
-        # restart from the sender thread is a plain child, which ends when its stdin closes with this process.
-        main = threading.current_thread() is threading.main_thread()
-        self.proc = procs.popen(argv, deaf=True, **options) if main else procs.popen_deaf(argv, **options)
+        self.proc = _Forked.connect(server, self.uri, self.niceness) if server else None
+        if self.proc is None:
+            env = dict(os.environ, MLFLOW_TRACKING_URI=self.uri)  # not in argv, where credentials would show in `ps`
+            argv = [sys.executable, "-m", "runner.mlflow_process", str(os.getpid()), str(self.niceness)]
+            options = dict(env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            # It dies with the thread that starts it (procs.popen): only the main thread lives as long as the run. A
+            # restart from the sender thread is a plain child, which ends when its stdin closes with this process.
+            main = threading.current_thread() is threading.main_thread()
+            self.proc = procs.popen(argv, deaf=True, **options) if main else procs.popen_deaf(argv, **options)
         self._gone: str | None = None
         self._reader = threading.Thread(target=self._read, args=(self.proc,), name="mlflow-pipe", daemon=True)
         self._reader.start()
@@ -171,7 +166,7 @@ class Pipe:
 
 
 class _Forked:
-    """An MLflow process forked for this process by a sweep's server (runner.mlflow_process.server), over a Unix
+    """An MLflow process forked for this process by a sweep's server (runner.sweeps.server), over a Unix
     socket: what `Pipe` uses of a Popen (stdin, stdout, pid, poll, wait, kill)."""
 
     HELLO_WAIT_SEC = 60.0  # the server imports mlflow before it forks the first child
