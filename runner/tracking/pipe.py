@@ -147,8 +147,10 @@ class Pipe:
     def log_model(self, run_id: str, keras_path: str, **args) -> dict:
         return self.call("log_model", run_id=run_id, keras_path=os.path.abspath(keras_path), **args)
 
-    def stop_system_metrics(self, run_id: str, timeout: float | None = None) -> int:
-        return self.call("stop_system_metrics", run_id=run_id, timeout=timeout)
+    def stop_system_metrics(self, run_id: str) -> Future:
+        """Stop the run's system-metrics monitor (its last point is logged): the answer comes in the Future, so the
+        run's own last values can be delivered meanwhile."""
+        return self.submit("stop_system_metrics", run_id=run_id)
 
     def close(self) -> None:
         """End the MLflow process: it finishes the calls it has, then exits (killed if one is stuck)."""

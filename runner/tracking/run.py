@@ -215,9 +215,11 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
         raise
     finally:
         try:
-            if monitored:
-                _stop_system_metrics(pipe, runlog.run_id)
+            # The monitor's last point and the run's own last values are sent side by side; both are in before return.
+            stopping = _submit_stop_system_metrics(pipe, runlog.run_id) if monitored else None
             runlog.close(status)
+            if stopping is not None:
+                _wait_system_metrics(stopping)
         finally:
             pipe.close()
 
@@ -233,15 +235,23 @@ def _logged_through(journaled: int | None, attached: bool) -> int | None:
 SYSTEM_METRICS_STOP_SEC = 6.0  # the MLflow process gives up on a stuck monitor after 5 s (runner.mlflow_process.ops)
 
 
-def _stop_system_metrics(pipe: Pipe, run_id: str) -> None:
-    """Stop MLflow's system-metrics monitor before the run ends (its last point is logged then)."""
+def _submit_stop_system_metrics(pipe: Pipe, run_id: str):
+    """Ask MLflow's system-metrics monitor to stop (its last point is logged then): the answer's Future, or None."""
+    try:
+        return pipe.stop_system_metrics(run_id)
+    except PipeError as err:
+        log.warning("system metrics: the monitor did not stop cleanly (%s)", err)
+        return None
+
+
+def _wait_system_metrics(stopping) -> None:
     from runner.control.stopping import Stopped
 
     try:
-        pipe.stop_system_metrics(run_id, timeout=SYSTEM_METRICS_STOP_SEC)
+        stopping.result(SYSTEM_METRICS_STOP_SEC)
     except (PipeError, TimeoutError) as err:
         log.warning("system metrics: the monitor did not stop cleanly (%s)", err or "timed out")
-    except (KeyboardInterrupt, Stopped):  # a second Ctrl-C: the run must still be ended (RunLog.close)
+    except (KeyboardInterrupt, Stopped):  # a second Ctrl-C: not waiting any longer
         log.warning("system metrics: not waiting for the monitor's last point")
 
 
