@@ -30,13 +30,6 @@ class ClusterConfig:
 
 
 @dataclass
-class TFConfigClusterConfig(ClusterConfig):
-    # parameter_server: ps and worker tasks exit 0 once the chief has ended (its port refuses connections), as they
-    # do under Slurm; false: they serve until they are stopped (a Kubernetes job that ends when its chief pod does)
-    exit_with_chief: bool = False
-
-
-@dataclass
 class ElasticConfig:
     """Elastic multi-worker training (runner.launch.elastic): a lost worker costs the steps since the last checkpoint,
     not the run. The launcher restarts the tasks that remain from that checkpoint, with the same global batch (under
@@ -48,6 +41,19 @@ class ElasticConfig:
     # a lost worker's slot is started again this long after the loss, and the job grows back to its full size at the
     # first checkpoint the smaller job writes after that
     rejoin_after_sec: float | None = ranged(10.0, ge=0, null="the job stays at its smaller size")
+
+
+@dataclass
+class TFConfigClusterConfig(ClusterConfig):
+    # parameter_server: ps and worker tasks exit 0 once the chief has ended (its port refuses connections), as they
+    # do under Slurm; false: they serve until they are stopped (a Kubernetes job that ends when its chief pod does)
+    exit_with_chief: bool = False
+    # train through a lost worker: every pod's runner is an agent that starts its trainer, and worker:0's restarts
+    # the job on the pods in touch (runner.launch.pods)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    agent_timeout_sec: float = ranged(5.0, gt=0)  # elastic: an agent silent this long is out of touch (a link down)
+    failure_grace_sec: float = ranged(5.0, ge=0)  # elastic: after a trainer dies, how long the others get to exit
+    stop_grace_sec: float = ranged(60.0, ge=0)  # elastic: on Ctrl-C or SIGTERM, how long the trainers get to checkpoint
 
 
 @dataclass
@@ -185,7 +191,13 @@ register(
 
 
 @option(
-    "cluster", "tf_config", schema=TFConfigClusterConfig, help="TFConfigClusterResolver", processes=True, reads_tf_config=True
+    "cluster",
+    "tf_config",
+    schema=TFConfigClusterConfig,
+    help="TFConfigClusterResolver",
+    processes=True,
+    reads_tf_config=True,
+    elastic_launcher="runner.launch.pods",
 )
 def _tf_config(cfg) -> Cluster:
     import tensorflow as tf

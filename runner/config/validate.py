@@ -295,10 +295,10 @@ def elastic(cfg):
     if not settings or not settings.enabled:
         return
     where = f"cluster.elastic.enabled=true (cluster={cfg.cluster.name}, strategy={cfg.strategy.name})"
-    if cfg.cluster.name not in ("localhost", "ray", "slurm"):
+    if cfg.cluster.name not in ("localhost", "ray", "slurm", "tf_config"):
         raise ConfigError(
-            f"{where}: elastic training is launched by cluster=localhost, cluster=ray and cluster=slurm so far (their "
-            "launcher restarts the tasks); use one of them, or cluster.elastic.enabled=false."
+            f"{where}: elastic training is launched by cluster=localhost, cluster=ray, cluster=slurm and cluster=tf_config "
+            "so far (their launcher or agents restart the tasks); use one of them, or cluster.elastic.enabled=false."
         )
     if cfg.strategy.name not in ("multi_worker_mirrored", "parameter_server"):
         raise ConfigError(
@@ -306,7 +306,7 @@ def elastic(cfg):
             "job whose parameter server is lost; other strategies run in one process. Use one of them, or "
             "cluster.elastic.enabled=false."
         )
-    if "workers" not in cfg.cluster:  # cluster=slurm: the allocation tells the size, and its launcher checks it
+    if "workers" not in cfg.cluster:  # slurm, tf_config: the allocation or TF_CONFIG tells the size; their launcher checks
         return
     # the job's size as the user set it: cluster.workers, or under Slurm the allocation's task count
     slurm = cfg.cluster.name == "slurm"

@@ -78,8 +78,9 @@ def is_loss(code: int) -> bool:
 class Membership:
     """The job's size over time, its losses and their records, logged to the job's MLflow run."""
 
-    def __init__(self, cfg, run, room=None):
+    def __init__(self, cfg, run, room=None, wait_for_room=False):
         self.cfg, self.run, self.room = cfg, run, room  # room(): the workers the cluster can hold now (None: any)
+        self.wait_for_room = wait_for_room  # room that may come back (a pod back in touch), not gone for good (Slurm)
         self.full = self.size = int(cfg.cluster.workers)
         self.shrinks = cfg.strategy.name == "multi_worker_mirrored"  # parameter_server: the job restarts at its size
         self.losses, self.records = 0, []
@@ -191,8 +192,10 @@ class Membership:
         newest = layout.latest_checkpoint_step(self.directory)
         final = chief.last_step
         if newest is not None and newest > (self.base_step or 0) and (final is None or newest < final):
-            if self.room is not None and self.room() < self.full:  # the lost slot's node is gone (Slurm)
-                self.grown_back_lost = True
+            if self.room is not None and self.room() < self.full:
+                if self.wait_for_room:  # the lost pod is not back in touch yet: asked again at the next poll
+                    return
+                self.grown_back_lost = True  # the lost slot's node is gone (Slurm)
                 log.warning(
                     "cluster.elastic: the cluster has no room for %d workers any more; staying at %d", self.full, self.size
                 )
@@ -226,15 +229,18 @@ def _blamed(err, tasks):
     return TaskLost(f"task {t.name} (pid {t.proc.pid}) stopped: {note}. Its log is in {t.run_dir}/runner.log.", t, note, code)
 
 
-def supervise(tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for, room=None) -> None:
+def supervise(
+    tasks: list, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for, room=None, wait_for_room=False
+) -> None:
     """Run the job through its resizes. `tasks` is updated in place (the caller stops whatever it holds at the end);
     rebuild(workers) makes the tasks of a job of that size; supervise_one(tasks, cfg, tick) is the launcher's
     supervision of one set, which raises TaskLost for a lost trainer; stop_all, trainers and wait_for are the
     launcher's own (runner.launch.localhost); room(), where given, says how many workers the cluster can hold now
-    (cluster=slurm: the slots on the nodes the job still has), asked before growing back."""
+    (cluster=slurm: the slots on the nodes the job still has), asked before growing back; with `wait_for_room`, room
+    that is short is asked again later (cluster=tf_config's pods come back in touch), not given up on."""
     from runner.control import contract
 
-    membership = Membership(cfg, run, room)
+    membership = Membership(cfg, run, room, wait_for_room)
     membership._send(
         lambda: run.log_metrics(
             {"cluster/world_size": float(membership.size), "cluster/restarts": 0.0}, membership.base_step or 0

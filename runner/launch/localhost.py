@@ -306,12 +306,15 @@ def _the_killed(lost: TaskLost, tasks: list[Task], cfg) -> TaskLost:
     return lost
 
 
-def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1", job=None, room=None) -> dict:
+def launch(
+    cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "127.0.0.1", job=None, room=None, wait_for_room=False
+) -> dict:
     """Start the tasks `make_tasks(cfg, overrides, run_id, uri)` returns (here: processes on 127.0.0.1; cluster=ray:
     runner.launch.ray_cluster; cluster=slurm's elastic job steps: runner.launch.slurm_steps), supervise them inside
     one MLflow run, and return the chief's summary. `chosen`: strategy=auto's choice, tagged on the run. `job`: the
     launcher's own view of the cluster where it is not the config's (Slurm's job size); the run logs `cfg`. `room`:
-    how many workers the cluster can hold now, for an elastic job's regrowth (runner.launch.elastic)."""
+    how many workers the cluster can hold now, for an elastic job's regrowth (runner.launch.elastic), asked again
+    later when short with `wait_for_room` (cluster=tf_config's pods: runner.launch.pods)."""
     from hydra.core.hydra_config import HydraConfig
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
@@ -328,7 +331,7 @@ def launch(cfg: DictConfig, chosen=None, make_tasks=build_tasks, where: str = "1
         try:
             if elastic.enabled(cfg):  # tasks is updated in place at each resize
                 rebuild = lambda n: make_tasks(elastic.resized(cfg, n), overrides, run.run_id, run.tracking_uri)  # noqa: E731
-                elastic.supervise(tasks, cfg, rebuild, run, supervise, stop_all, _trainers, wait_for, room)
+                elastic.supervise(tasks, cfg, rebuild, run, supervise, stop_all, _trainers, wait_for, room, wait_for_room)
             else:
                 try:
                     supervise(tasks, cfg)

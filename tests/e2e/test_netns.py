@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, load_weights, mlflow_run_by_name, processes_with
+from helpers import ELASTIC, ROOT, check_elastic_run, load_weights, mlflow_run_by_name, processes_with
 from netns_cluster import NetnsCluster, NetnsUnavailable, Tasks
 
 pytestmark = pytest.mark.slow
@@ -228,3 +228,39 @@ def test_a_parameter_server_worker_cut_off_finishes(netns, store):
     assert per_worker[1] > before + 8, (before, per_worker)  # worker:1 trained again after its link came back
     took = time.monotonic() - cut_at
     print(f"ps worker cut off 6 s: steps per worker {per_worker} (worker:1 had {before} at the cut); {took:.0f} s cut to end")
+
+
+def test_an_elastic_job_trains_through_a_link_down_and_up_to_the_weights_of_one_process(netns, store, elastic_reference):
+    """cluster=tf_config cluster.elastic.enabled=true in three namespaces, as three pods of a TFJob: each runner is an
+    agent that starts its pod's trainer, worker:0's leads. worker:2's link goes down after the first checkpoint: the
+    leader hears nothing from its agent for cluster.agent_timeout_sec, stops the other trainers and goes on with 2
+    from that checkpoint; worker:2's agent, out of touch, stops its own trainer and calls back. The link comes up
+    again as the smaller job starts: worker:2's agent is back in touch, and the job grows to 3 at the smaller job's
+    first checkpoint, at a step the trainers agree on. Every agent exits 0, and the weights
+    are those of one uninterrupted process (1e-5), as under localhost, Slurm and Ray (helpers.check_elastic_run)."""
+    name = "netns-elastic"
+    args = [*MWMS, "cluster.elastic.enabled=true", "cluster.elastic.rejoin_after_sec=0", *ELASTIC, "executor=custom_loop"]
+    tasks = start(netns, store, name, {"worker": 3}, args)
+    tasks.wait_for("worker:0", r"\[worker:0\].* epoch 2/12 step (8|12)/16", 240)  # past step 16's checkpoint
+    down = tasks.ns_of["worker:2"]
+    netns.link_down(down)
+    down_at = time.monotonic()
+    tasks.wait_for("worker:0", r"cluster.elastic: lost worker:2", 60)
+    netns.link_up(down)  # back in touch while the smaller job starts: it grows back at its first checkpoint
+    tasks.wait_for("worker:0", r"training again on 2 worker\(s\)", 60)
+    shrunk_after = time.monotonic() - down_at
+    codes = tasks.finish(timeout=300)
+    assert codes == {"worker:0": 0, "worker:1": 0, "worker:2": 0}, outputs(tasks)
+    leader, cut = tasks.output("worker:0"), tasks.output("worker:2")
+    assert "cluster.elastic: lost worker:2: its pod (198.18.0.3) is out of touch: no word for" in leader, leader[-4000:]
+    assert "going on with 2 worker(s)" in leader and "training again on 3 worker(s)" in leader, leader[-4000:]
+    assert "lost worker:0 at 198.18.0.1:" in cut and cut.count("in touch with worker:0") == 2, cut[-3000:]
+    assert "Traceback" not in leader + cut
+    model = tasks.root / "worker-0" / "worker-0" / "model.keras"
+    run, lost, back = check_elastic_run(store[1], EXPERIMENT, name, model, elastic_reference("custom_loop"))
+    assert run.data.tags["cluster.name"] == "tf_config" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
+    assert 0 <= lost["steps_redone"] <= 16
+    print(
+        f"link down: training again on 2 workers {shrunk_after:.1f}s later (resize {lost['resize_sec']:.1f}s after "
+        f"the loss was seen); link up: grown back in {back['resize_sec']:.1f}s; {lost['steps_redone']} steps redone"
+    )

@@ -329,8 +329,8 @@ def test_close_names_suggests_only_what_is_close():
 
 
 def test_a_key_of_another_option_is_suggested_as_the_whole_override_given():
-    """cluster.elastic.enabled=true under cluster=tf_config: the hint repeats the key as typed, not only its first part."""
-    message = suggest.override_problem("cluster.elastic.enabled", "true", _composed("cluster=tf_config"), "Hydra's words")
+    """cluster.elastic.enabled=true under cluster=tpu: the hint repeats the key as typed, not only its first part."""
+    message = suggest.override_problem("cluster.elastic.enabled", "true", _composed("cluster=tpu"), "Hydra's words")
     assert "select it first (cluster=localhost cluster.elastic.enabled=true)" in message, message
     message = suggest.override_problem("strategy.devices", "2", _composed(), "Hydra's words")
     assert "select it first (strategy=mirrored strategy.devices=2)" in message, message

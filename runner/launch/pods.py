@@ -1,0 +1,358 @@
+"""cluster=tf_config with cluster.elastic: every pod (host, namespace) runs the runner with its own TF_CONFIG, as a
+Kubernetes operator starts it, and the runner there is an *agent* that starts the pod's trainer as a child process,
+as torchrun's agents do. The agents keep in touch over TCP (runner.launch.rendezvous): worker:0's agent listens on
+its TF_CONFIG address and leads; the others connect to it.
+
+The leader runs runner.launch.localhost's launcher over the agents, so a lost worker is runner.launch.elastic's: a
+pod whose agent goes silent (its link down, the pod gone) or whose trainer dies is lost; the leader stops the
+others' trainers and starts the next generation, with a TF_CONFIG of the pods still in touch (fresh ports), from the
+last checkpoint, in the same MLflow run. An agent that loses the leader stops its own trainer at once and keeps
+calling back; once it is back (the link up, the pod restarted) and `rejoin_after_sec` has passed, the job grows back
+to its full size at a step the trainers agree on.
+
+What this needs of the pods: the same `checkpoint.dir` and `mlflow.tracking_uri` seen from every pod (a shared volume,
+GCS, an MLflow server), as any multi-worker restore does. The leader is the job's point of contact, as the rendezvous
+host of torchrun's c10d backend: when worker:0's pod is the one lost, the others stop with exit 3 after
+cluster.start_timeout_sec without it, and the job is resumed with resume= as today; Kubernetes' restartPolicy restarts
+the pods.
+"""
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+from runner.config import layout, validate
+from runner.control import contract, stopping
+from runner.errors import ClusterError, ConfigError
+from runner.launch import elastic, localhost, rendezvous
+
+log = logging.getLogger("runner")
+FORWARDED = (stopping.NOTICE, "Error: ")  # a trainer's lines the leader needs: a stop notice, why it ended
+SENT = ("TF_CONFIG", contract.TRACKING_URI, "PYTHONUNBUFFERED")  # with every RUNNER_ variable, to each pod's trainer
+
+
+def _tf_config() -> tuple[dict, int]:
+    """(the cluster, this task's index), for the agents: workers only."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "")
+        spec, task = config["cluster"], config["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"cluster=tf_config with cluster.elastic.enabled=true needs TF_CONFIG with a cluster and this task ({err}); "
+            "set it as a Kubernetes operator does."
+        ) from None
+    others = sorted(set(spec) - {"worker"})
+    if others or task.get("type") != "worker":
+        raise ConfigError(
+            f"cluster=tf_config with cluster.elastic.enabled=true restarts multi_worker_mirrored workers, and TF_CONFIG "
+            f"has {', '.join(others) or task.get('type')} task(s): give every pod a worker task (TF_CONFIG's cluster "
+            "with a worker list only), or cluster.elastic.enabled=false."
+        )
+    return spec, index
+
+
+def _refusals(cfg) -> None:
+    if cfg.strategy.name != "multi_worker_mirrored":
+        raise ConfigError(
+            f"cluster=tf_config with cluster.elastic.enabled=true and strategy={cfg.strategy.name}: the pods' agents "
+            "restart multi_worker_mirrored jobs so far (a parameter_server job on Kubernetes is restarted by its "
+            "operator). Use strategy=multi_worker_mirrored, or cluster.elastic.enabled=false."
+        )
+    if not cfg.checkpoint.dir:
+        raise ConfigError(
+            "cluster=tf_config with cluster.elastic.enabled=true: every generation restores the last checkpoint, from "
+            "whichever pods train it, so checkpoint.dir must name storage every pod reads and writes at the same path "
+            "(a shared volume, gs://...). Set checkpoint.dir."
+        )
+
+
+def launch(cfg, chosen=None) -> dict:
+    spec, index = _tf_config()
+    _refusals(cfg)
+    size = len(spec["worker"])
+    full = job_config(cfg, size)
+    validate.elastic(full)  # the checks that need the job's size, which TF_CONFIG tells
+    if index == 0:
+        return Leader(cfg, spec).launch(chosen, full)
+    return follow(cfg, spec, index)
+
+
+def job_config(cfg, size: int):
+    """The leader's own view of the job: localhost's cluster fields for `size` workers (the trainers are plain
+    cluster=tf_config tasks and never see it)."""
+    full = elastic.resized(cfg, size)
+    full.cluster.update(ps=0, chief=False, evaluator=False, restart_workers=0)
+    return full
+
+
+# -- the leader -----------------------------------------------------------------------------------------------------
+class _Remote:
+    """A trainer on another pod, as the launcher's Popen: its exit code comes from its agent, or -SIGKILL once the
+    agent is out of touch."""
+
+    def __init__(self):
+        self.pid, self.returncode, self.lost = 0, None, None
+        self._ended = threading.Event()
+
+    def end(self, code: int, lost: str | None = None) -> None:
+        if self.returncode is None:
+            self.returncode, self.lost = code, lost
+            self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout=None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired("remote trainer", timeout)
+        return self.returncode
+
+
+class PodTask(localhost.Task):
+    """A launcher task played by the trainer that another pod's agent starts."""
+
+    agent: int = 0  # the agent's index in TF_CONFIG
+    host: str = ""
+    channel = None
+    generation: int = 0
+
+    def start(self, lock) -> None:
+        self.proc = _Remote()
+        runner_args = self.argv[3:]  # after `python -m runner`: the agent runs its own interpreter
+        # the pod keeps its own environment: what the launcher set, and what differs from this pod's
+        delta = {k: v for k, v in self.env.items() if k in SENT or k.startswith("RUNNER_") or os.environ.get(k) != v}
+        start = {"generation": self.generation, "args": runner_args, "env": delta, "job": self.type, "index": self.index}
+        order = {"start": start}
+        if self.channel is None or not self.channel.send(order):
+            self.proc.end(-signal.SIGKILL, f"its pod ({self.host}) is out of touch")
+        log.info("started %s on %s (worker:%d's pod)", self.name, self.host, self.agent)
+
+    def frozen(self) -> bool:
+        return False
+
+    def exit_note(self, code: int) -> str:
+        if self.proc is not None and self.proc.lost:
+            return self.proc.lost
+        return f"{localhost.signal_name(code)} (on {self.host})"
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.channel is not None:
+            self.channel.send({"signal": int(signum), "generation": self.generation})
+
+
+class Leader:
+    """worker:0's agent: the hub, and runner.launch.localhost's launcher over the pods in touch."""
+
+    def __init__(self, cfg, spec: dict):
+        self.cfg, self.spec = cfg, spec
+        self.hosts = [a.rpartition(":")[0] for a in spec["worker"]]
+        self.generation = 0
+        self.current: dict[int, PodTask] = {}  # agent index -> its task in this generation
+        self.lock = threading.Lock()
+        port = int(spec["worker"][0].rpartition(":")[2])
+        timeout = cfg.cluster.agent_timeout_sec
+        try:
+            self.hub = rendezvous.Hub(port, len(self.hosts), rendezvous.job_token(spec), timeout, self._message, self._lost)
+        except OSError as err:
+            raise ConfigError(
+                f"worker:0's agent cannot listen on port {port}, its TF_CONFIG address {spec['worker'][0]} ({err}): the "
+                "other agents reach it there. Free the port, or give worker:0 another one in every pod's TF_CONFIG."
+            ) from None
+
+    def _task(self, index: int, generation=None) -> PodTask | None:
+        task = self.current.get(index)
+        return task if task is not None and (generation is None or task.generation == generation) else None
+
+    def _message(self, index: int, message: dict) -> None:
+        generation = message.get("generation")
+        task = self._task(index, generation)
+        if task is None:
+            return  # about a generation already replaced
+        if "started" in message:
+            task.proc.pid = int(message["started"])
+        elif "line" in message:
+            task.heard(str(message["line"]).rstrip("\n") + "\n", self.lock)
+        elif "exit" in message:
+            task.proc.end(int(message["exit"]))
+
+    def _lost(self, channel, why: str) -> None:
+        if not self.hub.open:
+            return  # the job has ended: the agents were told
+        task = self._task(channel.index)
+        if task is not None and task.channel is channel:
+            task.proc.end(-signal.SIGKILL, f"its pod ({task.host}) is out of touch: {why}")
+        log.warning("rendezvous: lost worker:%d's agent (%s)", channel.index, why)
+
+    def make_tasks(self, cfg, overrides, run_id: str, uri: str) -> list:
+        """worker:0 here and the first pods in touch, on fresh ports; a pod missing now is lost at its start."""
+        n = int(cfg.cluster.workers)
+        live = self.hub.live()
+        agents = [0, *live[: n - 1]]
+        agents += [i for i in range(1, len(self.hosts)) if i not in agents][: n - len(agents)]
+        ports = [rendezvous.free_port()] + [self.hub.ports.get(i, 0) for i in agents[1:]]
+        spec = {"worker": [f"{self.hosts[a]}:{p}" for a, p in zip(agents, ports)]}
+        self.generation += 1
+        tasks = localhost.build_tasks(cfg, overrides, run_id, uri, spec=spec, task_class=self._make)
+        self.current = {}
+        for task, agent in zip(tasks, agents):
+            if isinstance(task, PodTask):
+                task.agent, task.host, task.channel = agent, self.hosts[agent], self.hub.channel(agent)
+                task.generation = self.generation
+                self.current[agent] = task
+        return tasks
+
+    @staticmethod
+    def _make(job, i, argv, env, run_dir):
+        return localhost.Task(job, i, argv, env, run_dir) if i == 0 else PodTask(job, i, argv, env, run_dir)
+
+    def launch(self, chosen, full) -> dict:
+        missing = self.hub.wait_for_all(self.cfg.cluster.start_timeout_sec)
+        try:
+            if missing:
+                names = ", ".join(f"worker:{i} ({self.hosts[i]})" for i in missing)
+                raise ClusterError(
+                    f"the agents of {names} did not join worker:0's at {self.spec['worker'][0]} within "
+                    f"{self.cfg.cluster.start_timeout_sec:g}s (cluster.start_timeout_sec): start every pod with the same "
+                    "TF_CONFIG cluster and cluster.elastic.enabled=true, and check that they reach worker:0's address."
+                )
+            where = f"{len(self.hosts)} pods ({', '.join(self.hosts)})"
+            summary = localhost.launch(
+                self.cfg, chosen, make_tasks=self.make_tasks, where=where, job=full, room=self.hub.room, wait_for_room=True
+            )
+        except BaseException as err:
+            stopped = isinstance(err, (KeyboardInterrupt, stopping.Stopped))
+            self.hub.finish({"ok": False, "stopped": stopped, "error": f"{type(err).__name__}: {err}"[:2000]})
+            raise
+        self.hub.finish({"ok": True})
+        return summary
+
+
+# -- the other agents -----------------------------------------------------------------------------------------------
+class _Trainer:
+    """This pod's trainer of one generation: its output to this process's, the lines the leader needs to it."""
+
+    def __init__(self, cfg, order: dict, send):
+        self.generation = order["generation"]
+        run_dir = layout.task_dir(cfg.output_dir, order["job"], int(order["index"]))
+        args = [a for a in order["args"] if not a.startswith("hydra.run.dir=")]
+        env = dict(os.environ, **{k: str(v) for k, v in order["env"].items()})
+        self.proc = contract.start_child(contract.runner_command([*args, f"hydra.run.dir={run_dir}"]), env, bufsize=1,
+                                         start_new_session=True)  # fmt: skip
+        self.name = f"{order['job']}:{order['index']}"
+        log.info("started %s (pid %d), generation %d", self.name, self.proc.pid, self.generation)
+        send({"started": self.proc.pid, "generation": self.generation})
+        threading.Thread(target=self._pump, args=(send,), daemon=True).start()
+
+    def _pump(self, send) -> None:
+        with self.proc.stdout:
+            for line in self.proc.stdout:
+                print(f"[{self.name}] {line}", end="", flush=True)
+                if any(marker in line for marker in FORWARDED):
+                    send({"line": line, "generation": self.generation})
+        send({"exit": self.proc.wait(), "generation": self.generation})
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float = 0.0) -> None:
+        """SIGTERM and up to `grace` s to end (0: SIGKILL at once), then SIGKILL."""
+        if grace:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def follow(cfg, spec: dict, index: int) -> dict:
+    """worker:<index>'s agent: in touch with worker:0's, it starts and signals this pod's trainer as told, until the
+    leader says the job has ended. Out of touch, it stops the trainer and calls back for up to
+    cluster.start_timeout_sec; after that the job is taken as lost here (exit 3)."""
+    stopping.install()
+    leader = spec["worker"][0]
+    token, timeout = rendezvous.job_token(spec), cfg.cluster.agent_timeout_sec
+    inbox: queue.Queue = queue.Queue()
+    trainer: _Trainer | None = None
+    channel = None
+    in_touch_at = time.monotonic()
+    try:
+        while True:
+            channel = _call_back(leader, timeout, inbox, in_touch_at, cfg.cluster.start_timeout_sec)
+            channel.send({"hello": {"index": index, "token": token, "port": rendezvous.free_port()}})
+            channel.start()
+            while True:
+                source, message = inbox.get()
+                if source is not channel:
+                    continue  # an earlier connection's last words
+                if message is None:  # out of touch: this trainer is no member of the job any more
+                    if trainer is not None:
+                        trainer.stop()
+                        trainer = None
+                    log.warning("agent of worker:%d: lost worker:0 at %s (%s); calling back", index, leader, channel.closed)
+                    in_touch_at = time.monotonic()
+                    break
+                if "welcome" in message:
+                    log.info("agent of worker:%d: in touch with worker:0 at %s", index, leader)
+                elif "start" in message:
+                    if trainer is not None:
+                        trainer.stop()
+                    trainer = _Trainer(cfg, message["start"], channel.send)
+                elif "signal" in message:
+                    if trainer is not None and trainer.generation == message.get("generation"):
+                        trainer.signal(int(message["signal"]))
+                elif "refused" in message:
+                    raise ConfigError(
+                        f"worker:0's agent at {leader} turned this one (worker:{index}) away: {message['refused']}. "
+                        "Give every pod of the job the same TF_CONFIG cluster, each with its own worker index."
+                    )
+                elif "done" in message:
+                    return _done(message["done"], trainer, cfg.cluster.failure_grace_sec)
+    except (KeyboardInterrupt, stopping.Stopped):
+        if trainer is not None:
+            trainer.stop(cfg.cluster.stop_grace_sec)  # it checkpoints at a step the trainers agree on
+        raise
+    finally:
+        if trainer is not None and trainer.proc.poll() is None:
+            trainer.stop()
+        if channel is not None:
+            channel.close("this agent is ending")
+
+
+def _call_back(leader: str, timeout: float, inbox: queue.Queue, since: float, timeout_sec: float):
+    """A connection to the leader, tried every second for `timeout_sec` from `since` (then ClusterError, exit 3)."""
+    on_message = lambda ch, m: None if "beat" in m else inbox.put((ch, m))  # noqa: E731
+    on_close = lambda ch, why: inbox.put((ch, None))  # noqa: E731
+    while True:
+        channel = rendezvous.connect(leader, timeout, on_message, on_close, beat=rendezvous.free_port)
+        if channel is not None:
+            return channel
+        if time.monotonic() > since + timeout_sec:
+            raise ClusterError(
+                f"worker:0's agent at {leader} did not answer for {timeout_sec:g}s (cluster.start_timeout_sec): the job "
+                "is lost to this pod. If worker:0 trains on without it, nothing is needed; otherwise start the job "
+                "again with resume=<each pod's output directory> to continue from the last checkpoint."
+            )
+        time.sleep(1.0)
+
+
+def _done(result: dict, trainer: _Trainer | None, grace: float) -> dict:
+    if trainer is not None:
+        trainer.stop(grace)  # (it has ended, unless the job failed)
+    if result.get("stopped"):
+        raise stopping.Stopped(signal.SIGTERM, f"the job was stopped on worker:0's pod: {result.get('error')}")
+    if not result.get("ok"):
+        raise ClusterError(f"the job ended on worker:0's pod: {result.get('error')}")
+    log.info("the job has ended (worker:0's agent said so)")
+    return {}

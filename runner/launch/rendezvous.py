@@ -1,0 +1,212 @@
+"""The wire between the agents of an elastic cluster=tf_config job (runner.launch.pods): JSON lines over TCP.
+
+worker:0's agent listens on its TF_CONFIG address (the `Hub`); every other agent connects to it (`connect`). Both
+ends send a heartbeat every BEAT_SEC, and a side that hears nothing for cluster.agent_timeout_sec takes the other as
+lost (a link down, a pod gone): TCP alone would wait minutes for a dead peer. No TensorFlow here.
+"""
+
+import contextlib
+import hashlib
+import json
+import logging
+import socket
+import threading
+import time
+
+log = logging.getLogger("runner")
+BEAT_SEC = 0.5
+
+
+def job_token(spec: dict) -> str:
+    """Who belongs to this job: a digest of its TF_CONFIG cluster (an agent of another job is turned away)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def free_port(host: str = "") -> int:
+    """A port free on `host` now, for a trainer of the next generation (taken right before it starts)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Channel:
+    """One connection. `on_message(channel, message)` for each message (heartbeats too), from its reader thread;
+    `on_close(channel, why)` once, when it closes (by either side, or silence for `lost_sec`)."""
+
+    def __init__(self, sock: socket.socket, on_message, on_close, lost_sec: float, beat=dict):
+        self.sock, self.on_message, self.on_close, self.lost_sec, self.beat = sock, on_message, on_close, lost_sec, beat
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(BEAT_SEC)  # a send into a dead link fails within this, as a read wakes up to check the silence
+        self.heard = time.monotonic()
+        self.closed = None  # why it closed
+        self._lock = threading.Lock()
+        host, port = sock.getpeername()[:2]
+        self.peer = f"{host}:{port}"
+        self._threads = [
+            threading.Thread(target=f, daemon=True, name=f"rendezvous-{f.__name__}") for f in (self._read, self._beat)
+        ]
+
+    def start(self) -> "Channel":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def send(self, message: dict) -> bool:
+        """False when the channel is closed (or closes now, the send having failed)."""
+        data = (json.dumps(message) + "\n").encode()
+        with self._lock:
+            if self.closed:
+                return False
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError as err:
+                failed = f"a send failed ({err or 'timed out'})"
+        self.close(failed)
+        return False
+
+    def close(self, why: str) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = why
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.on_close(self, why)
+
+    def _beat(self) -> None:
+        while not self.closed and self.send({"beat": self.beat()}):
+            time.sleep(BEAT_SEC)
+
+    def _read(self) -> None:
+        buffer = b""
+        while not self.closed:
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                silent = time.monotonic() - self.heard
+                if silent > self.lost_sec:
+                    self.close(f"no word for {silent:.1f}s")
+                continue
+            except OSError as err:
+                self.close(f"the connection failed ({err})")
+                return
+            if not chunk:
+                self.close("the connection was closed")
+                return
+            self.heard = time.monotonic()
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    self.close(f"not this job's protocol: {line[:80]!r}")
+                    return
+                self.on_message(self, message)
+
+
+class Hub:
+    """worker:0's end: agents say hello with their index and job token, then stay connected. `on_message(index,
+    message)` and `on_lost(index, why)` are the launcher's; `room()` is how many workers the job could run now."""
+
+    def __init__(self, port: int, size: int, token: str, lost_sec: float, on_message, on_lost):
+        self.size, self.token, self.lost_sec = size, token, lost_sec
+        self.on_message, self.on_lost = on_message, on_lost
+        self.agents: dict[int, Channel] = {}
+        self.ports: dict[int, int] = {}  # each agent's latest free port, from its heartbeats
+        self._lock = threading.Lock()
+        self._joined = threading.Condition(self._lock)
+        self.server = socket.create_server(("", port))
+        self.server.settimeout(BEAT_SEC)
+        self.open = True
+        threading.Thread(target=self._accept, daemon=True, name="rendezvous-accept").start()
+
+    def _accept(self) -> None:
+        while self.open:
+            try:
+                sock, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            channel = Channel(sock, self._message, self._closed, self.lost_sec, beat=lambda: 1)
+            channel.index = None
+            channel.start()
+
+    def _message(self, channel: Channel, message: dict) -> None:
+        if channel.index is None:
+            hello = message.get("hello")
+            index = hello.get("index") if isinstance(hello, dict) else None
+            if hello is None or hello.get("token") != self.token or not (isinstance(index, int) and 0 < index < self.size):
+                stranger = isinstance(hello, dict) and hello.get("token") != self.token
+                why = "its TF_CONFIG names another cluster" if stranger else "no worker index of this job"
+                log.warning("rendezvous: turned away %s (%s: %s)", channel.peer, why, str(message)[:200])
+                channel.send({"refused": why})
+                channel.close("turned away")
+                return
+            with self._lock:
+                old = self.agents.get(index)
+                channel.index, self.agents[index] = index, channel
+                self.ports[index] = int(hello["port"])
+                self._joined.notify_all()
+            channel.send({"welcome": index})
+            if old is not None:
+                old.close("replaced by a new connection of the same agent")
+            log.info("rendezvous: worker:%d's agent joined from %s", index, channel.peer)
+            return
+        if "beat" in message:
+            if isinstance(message["beat"], int):
+                self.ports[channel.index] = message["beat"]
+            return
+        self.on_message(channel.index, message)
+
+    def _closed(self, channel: Channel, why: str) -> None:
+        if channel.index is None:
+            return
+        with self._lock:
+            if self.agents.get(channel.index) is channel:
+                del self.agents[channel.index]
+        self.on_lost(channel, why)
+
+    def live(self) -> list[int]:
+        with self._lock:
+            return sorted(self.agents)
+
+    def channel(self, index: int) -> Channel | None:
+        with self._lock:
+            return self.agents.get(index)
+
+    def room(self) -> int:
+        """worker:0 and the agents connected now."""
+        return 1 + len(self.live())
+
+    def wait_for_all(self, timeout: float) -> list[int]:
+        """The indexes still missing after up to `timeout` s ([] once every agent has joined)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.agents) < self.size - 1 and time.monotonic() < deadline:
+                self._joined.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            return [i for i in range(1, self.size) if i not in self.agents]
+
+    def finish(self, result: dict) -> None:
+        """The job has ended: every agent connected is told (`result`: ok, error), then the hub closes."""
+        self.open = False
+        with self._lock:
+            channels = list(self.agents.values())
+        for channel in channels:
+            channel.send({"done": result})
+        for channel in channels:
+            channel.close("the job has ended")
+        self.server.close()
+
+
+def connect(address: str, lost_sec: float, on_message, on_close, beat) -> Channel | None:
+    """A channel to worker:0's hub at `address` (host:port), or None when it does not answer now."""
+    host, _, port = address.rpartition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=2.0)
+    except OSError:
+        return None
+    return Channel(sock, on_message, on_close, lost_sec, beat=beat)

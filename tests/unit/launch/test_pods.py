@@ -1,0 +1,134 @@
+"""runner/launch/rendezvous.py and runner/launch/pods.py (cluster=tf_config with cluster.elastic), in process over
+real sockets on 127.0.0.1: agents join worker:0's hub, a silent one is taken as out of touch, a stranger is turned
+away, every agent hears the job's end; the settings the agents cannot keep are refused before TensorFlow. The
+whole job, with a link down and up between network namespaces: tests/e2e/test_netns.py."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from runner.config import schema, validate
+from runner.errors import ConfigError
+from runner.launch import pods, rendezvous
+
+import helpers
+
+schema.register()
+ELASTIC = ["strategy=multi_worker_mirrored", "cluster=tf_config", "cross_device_ops=ring", "cluster.elastic.enabled=true"]
+SPEC = {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def hub():
+    got, lost = [], []
+    port = rendezvous.free_port("127.0.0.1")
+    h = rendezvous.Hub(
+        port, 3, rendezvous.job_token(SPEC), 1.0, lambda i, m: got.append((i, m)), lambda c, why: lost.append((c.index, why))
+    )
+    h.address, h.got, h.lost = f"127.0.0.1:{port}", got, lost
+    yield h
+    h.finish({"ok": False, "error": "test over"})
+
+
+def agent(hub, index, token=None, port=4242):
+    heard, closed = [], []
+    channel = rendezvous.connect(
+        hub.address, 1.0, lambda c, m: heard.append(m), lambda c, why: closed.append(why), beat=lambda: port
+    )
+    channel.send({"hello": {"index": index, "token": token or rendezvous.job_token(SPEC), "port": port}})
+    channel.start()
+    channel.heard_messages, channel.closed_why = heard, closed
+    return channel
+
+
+def test_agents_join_report_ports_and_hear_the_jobs_end(hub):
+    assert hub.room() == 1 and hub.wait_for_all(0.1) == [1, 2]
+    one, two = agent(hub, 1, port=5001), agent(hub, 2, port=5002)
+    assert hub.wait_for_all(5) == [] and hub.room() == 3
+    assert hub.ports == {1: 5001, 2: 5002}
+    one.send({"exit": 0, "generation": 1})
+    wait_until(lambda: (1, {"exit": 0, "generation": 1}) in hub.got)
+    hub.finish({"ok": True})
+    wait_until(lambda: {"done": {"ok": True}} in one.heard_messages and {"done": {"ok": True}} in two.heard_messages)
+    wait_until(lambda: one.closed and two.closed)
+
+
+def test_a_silent_agent_is_out_of_touch_within_the_timeout(hub):
+    """An agent that says hello and then nothing (its link down: no FIN, no RST) is lost after agent_timeout_sec."""
+    sock = socket.create_connection(("127.0.0.1", int(hub.address.rpartition(":")[2])))
+    hello = {"hello": {"index": 1, "token": rendezvous.job_token(SPEC), "port": 1}}
+    sock.sendall((json.dumps(hello) + "\n").encode())
+    wait_until(lambda: hub.live() == [1])
+    started = time.monotonic()
+    wait_until(lambda: hub.lost, timeout=5)
+    assert 0.9 < time.monotonic() - started < 3.0
+    ((index, why),) = hub.lost
+    assert index == 1 and why.startswith("no word for") and hub.live() == []
+    sock.close()
+
+
+def test_a_stranger_or_a_wrong_index_is_turned_away_and_a_rejoin_replaces_the_old_connection(hub):
+    stranger = agent(hub, 1, token="another job")
+    bad = agent(hub, 7)
+    wait_until(lambda: stranger.closed and bad.closed)
+    assert {"refused": "its TF_CONFIG names another cluster"} in stranger.heard_messages
+    assert {"refused": "no worker index of this job"} in bad.heard_messages
+    assert hub.live() == []
+    first = agent(hub, 2)
+    wait_until(lambda: hub.live() == [2])
+    again = agent(hub, 2)  # the same pod back after a link came up, its old connection not yet timed out
+    wait_until(lambda: first.closed and hub.channel(2) is not None and hub.lost)
+    assert hub.live() == [2] and not again.closed
+
+
+def test_the_agents_own_environment_is_kept_and_the_runners_variables_sent(monkeypatch):
+    monkeypatch.setenv("HOME", "/leader-home")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    task = pods.PodTask("worker", 1, ["python", "-m", "runner", "a=1"], {
+        "HOME": "/leader-home", "MLFLOW_TRACKING_URI": "http://mlflow:5000", "TF_CONFIG": "{}", "RUNNER_ELASTIC": "1",
+    }, "/leader/worker-1")  # fmt: skip
+    orders = []
+
+    class Channel:
+        def send(self, message):
+            orders.append(message)
+            return True
+
+    task.channel = Channel()
+    task.start(threading.Lock())
+    (order,) = orders
+    assert order["start"]["args"] == ["a=1"]
+    assert order["start"]["env"] == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "TF_CONFIG": "{}", "RUNNER_ELASTIC": "1"}
+    assert task.proc.poll() is None
+    task.channel = None
+    task.start(threading.Lock())  # its pod out of touch when the generation starts: lost at once
+    assert task.proc.poll() < 0 and "out of touch" in task.exit_note(task.proc.poll())
+
+
+@pytest.mark.parametrize(
+    "tf_config, overrides, said",
+    [
+        (SPEC, ["strategy=parameter_server", "cross_device_ops=auto"], "restart multi_worker_mirrored jobs so far"),
+        (SPEC, [], "checkpoint.dir must name storage every pod reads"),
+        ({"worker": SPEC["worker"], "chief": ["127.0.0.1:4"]}, ["checkpoint.dir=/x"], "has chief task(s)"),
+        (SPEC, ["checkpoint.dir=/x", "train.global_batch_size=64"], "does not divide over 3 worker(s)"),
+        (SPEC, ["checkpoint.dir=/x", "cluster.elastic.min_workers=4"], "min_workers=4 is above the job's cluster.workers=3"),
+    ],
+)
+def test_what_the_agents_cannot_keep_is_refused_before_tensorflow(monkeypatch, tf_config, overrides, said):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": tf_config, "task": {"type": "worker", "index": 1}}))
+    cfg = helpers.composed(*ELASTIC, *overrides)
+    with pytest.raises(ConfigError) as err:
+        validate.check_config(cfg)
+        pods.launch(cfg)
+    assert said in str(err.value)
