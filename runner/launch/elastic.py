@@ -69,6 +69,14 @@ def resized(cfg, workers: int):
     return copy
 
 
+def job_config(cfg, size: int):
+    """A launcher's own view of a multi_worker_mirrored job whose size its cluster tells (Slurm's allocation,
+    TF_CONFIG): localhost's cluster fields for `size` workers. The tasks never see it; they are cluster=tf_config."""
+    full = resized(cfg, size)
+    full.cluster.update(ps=0, chief=False, evaluator=False, restart_workers=0)
+    return full
+
+
 def is_loss(code: int) -> bool:
     """A worker lost (killed, or its peers gave up on it), not an error that would come back at any size (bad input
     exit 2, a blown-up loss 4, broken data 5, a failure 1): those end the job as without elasticity."""

@@ -76,19 +76,11 @@ def launch(cfg, chosen=None) -> dict:
     spec, index = _tf_config()
     _refusals(cfg)
     size = len(spec["worker"])
-    full = job_config(cfg, size)
+    full = elastic.job_config(cfg, size)
     validate.elastic(full)  # the checks that need the job's size, which TF_CONFIG tells
     if index == 0:
         return Leader(cfg, spec).launch(chosen, full)
     return follow(cfg, spec, index)
-
-
-def job_config(cfg, size: int):
-    """The leader's own view of the job: localhost's cluster fields for `size` workers (the trainers are plain
-    cluster=tf_config tasks and never see it)."""
-    full = elastic.resized(cfg, size)
-    full.cluster.update(ps=0, chief=False, evaluator=False, restart_workers=0)
-    return full
 
 
 # -- the leader -----------------------------------------------------------------------------------------------------

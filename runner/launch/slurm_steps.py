@@ -240,14 +240,6 @@ class SlurmSteps:
         return tasks
 
 
-def job_config(cfg, size: int):
-    """The launcher's own view of the job: localhost's cluster fields for a job of `size` workers (the tasks never see
-    it; they are cluster=tf_config)."""
-    full = elastic.resized(cfg, size)
-    full.cluster.update(ps=0, chief=False, evaluator=False, restart_workers=0)
-    return full
-
-
 def launch(cfg, chosen=None) -> dict:
     """Refused, before TensorFlow, where this process cannot launch steps or the job's sizes do not fit; else
     runner.launch.localhost's launcher over job steps."""
@@ -258,7 +250,7 @@ def launch(cfg, chosen=None) -> dict:
             "restarts multi_worker_mirrored jobs so far. Use strategy=multi_worker_mirrored, or cluster=localhost for an "
             "elastic parameter_server job."
         )
-    full = job_config(cfg, size)
+    full = elastic.job_config(cfg, size)
     validate.elastic(full)  # the checks that need the job's size, which only the allocation tells
     steps = SlurmSteps(cfg, size)
     room = lambda: len(steps.slots_now())  # noqa: E731

@@ -206,7 +206,7 @@ def test_the_training_process_never_imports_mlflow():
     """Everything a training task and a launcher import, at module level or in a function, is mlflow-free: the MLflow
     process (started with -m, never imported) does MLflow's work."""
     graph, modules = import_graph(), _modules()
-    for start in ("runner.experiment", "runner.launch.localhost", "runner.launch.ray_cluster"):
+    for start in ("runner.experiment", "runner.launch.localhost", "runner.launch.ray_cluster", "runner.launch.pods"):
         seen, todo = set(), [start]
         while todo:
             name = todo.pop()

@@ -9,7 +9,7 @@ import pytest
 
 from runner.config import schema, validate
 from runner.errors import ClusterError, ConfigError
-from runner.launch import slurm_steps
+from runner.launch import elastic, slurm_steps
 
 import helpers
 
@@ -60,10 +60,10 @@ def test_the_sizes_only_the_allocation_tells_are_checked_by_the_launcher():
     cfg = helpers.composed(*ELASTIC, "train.global_batch_size=64")
     validate.check_config(cfg)  # no cluster.workers under Slurm: the pure checks leave the sizes to the launcher
     with pytest.raises(ConfigError, match="does not divide over 3 worker"):
-        validate.elastic(slurm_steps.job_config(cfg, 3))
+        validate.elastic(elastic.job_config(cfg, 3))
     with pytest.raises(ConfigError, match="cannot train through a single loss"):
-        validate.elastic(slurm_steps.job_config(cfg, 1))
-    validate.elastic(slurm_steps.job_config(helpers.composed(*ELASTIC, "train.global_batch_size=60"), 3))
+        validate.elastic(elastic.job_config(cfg, 1))
+    validate.elastic(elastic.job_config(helpers.composed(*ELASTIC, "train.global_batch_size=60"), 3))
 
 
 def test_each_generation_gets_steps_on_its_slots_with_fresh_ports(monkeypatch, tmp_path):
@@ -74,8 +74,8 @@ def test_each_generation_gets_steps_on_its_slots_with_fresh_ports(monkeypatch, t
     cfg = helpers.composed(f"output_dir={tmp_path}", *ELASTIC, "cluster.port_base=20000", "train.global_batch_size=60")
     steps = slurm_steps.SlurmSteps(cfg, 3)
     assert steps.where == "Slurm job 42 (job steps on n1, n2)"
-    first = steps.make_tasks(slurm_steps.job_config(cfg, 3), [], "run", "sqlite:///x.db")
-    second = steps.make_tasks(slurm_steps.job_config(cfg, 2), [], "run", "sqlite:///x.db")
+    first = steps.make_tasks(elastic.job_config(cfg, 3), [], "run", "sqlite:///x.db")
+    second = steps.make_tasks(elastic.job_config(cfg, 2), [], "run", "sqlite:///x.db")
     assert [t.node for t in first] == ["n1", "n1", "n2"] and [t.node for t in second] == ["n1", "n1"]
     spec = json.loads(first[0].env["TF_CONFIG"])["cluster"]["worker"]
     assert spec == ["n1:20000", "n1:20001", "n2:20002"]
@@ -94,13 +94,13 @@ def test_a_node_slurm_took_away_is_not_used_again_and_its_gpus_are_split(monkeyp
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
     cfg = helpers.composed(f"output_dir={tmp_path}", *ELASTIC, "cluster.gpus_per_node=4", "train.global_batch_size=60")
     steps = slurm_steps.SlurmSteps(cfg, 4)
-    first = steps.make_tasks(slurm_steps.job_config(cfg, 4), [], "run", "sqlite:///x.db")
+    first = steps.make_tasks(elastic.job_config(cfg, 4), [], "run", "sqlite:///x.db")
     assert [t.env["CUDA_VISIBLE_DEVICES"] for t in first] == ["0,1", "2,3", "0,1", "2,3"]
     live.remove("n1")  # under sbatch --no-kill, n1 failed
-    smaller = steps.make_tasks(slurm_steps.job_config(cfg, 2), [], "run", "sqlite:///x.db")
+    smaller = steps.make_tasks(elastic.job_config(cfg, 2), [], "run", "sqlite:///x.db")
     assert [t.node for t in smaller] == ["n2", "n2"]
     with pytest.raises(ClusterError, match=r"took node\(s\) n1 away"):
-        steps.make_tasks(slurm_steps.job_config(cfg, 4), [], "run", "sqlite:///x.db")
+        steps.make_tasks(elastic.job_config(cfg, 4), [], "run", "sqlite:///x.db")
 
 
 def test_ports_past_65535_are_refused(monkeypatch, tmp_path):
