@@ -312,6 +312,8 @@ def follow(cfg, spec: dict, index: int) -> dict:
                 elif "done" in message:
                     return _done(message["done"], trainer, cfg.cluster.failure_grace_sec)
     except (KeyboardInterrupt, stopping.Stopped):
+        if channel is not None:  # no place for this pod in the next generation
+            channel.send({"leaving": True})
         if trainer is not None:
             trainer.stop(cfg.cluster.stop_grace_sec)  # it checkpoints at a step the trainers agree on
         raise

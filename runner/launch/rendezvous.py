@@ -116,6 +116,7 @@ class Hub:
         self.on_message, self.on_lost = on_message, on_lost
         self.agents: dict[int, Channel] = {}
         self.ports: dict[int, int] = {}  # each agent's latest free port, from its heartbeats
+        self.leaving: set[int] = set()  # agents stopping (their pod's SIGTERM): not given a place in the next generation
         self._lock = threading.Lock()
         self._joined = threading.Condition(self._lock)
         self.server = socket.create_server(("", port))
@@ -149,6 +150,7 @@ class Hub:
             with self._lock:
                 old = self.agents.get(index)
                 channel.index, self.agents[index] = index, channel
+                self.leaving.discard(index)
                 self.ports[index] = int(hello["port"])
                 self._joined.notify_all()
             channel.send({"welcome": index})
@@ -159,6 +161,11 @@ class Hub:
         if "beat" in message:
             if isinstance(message["beat"], int):
                 self.ports[channel.index] = message["beat"]
+            return
+        if "leaving" in message:
+            with self._lock:
+                self.leaving.add(channel.index)
+            log.info("rendezvous: worker:%d's agent is stopping", channel.index)
             return
         self.on_message(channel.index, message)
 
@@ -171,8 +178,9 @@ class Hub:
         self.on_lost(channel, why)
 
     def live(self) -> list[int]:
+        """The agents in touch that are not stopping."""
         with self._lock:
-            return sorted(self.agents)
+            return sorted(set(self.agents) - self.leaving)
 
     def channel(self, index: int) -> Channel | None:
         with self._lock:

@@ -58,6 +58,9 @@ def test_agents_join_report_ports_and_hear_the_jobs_end(hub):
     assert hub.ports == {1: 5001, 2: 5002}
     one.send({"exit": 0, "generation": 1})
     wait_until(lambda: (1, {"exit": 0, "generation": 1}) in hub.got)
+    two.send({"leaving": True})  # its pod got SIGTERM: still connected, given no place in the next generation
+    wait_until(lambda: hub.live() == [1])
+    assert hub.room() == 2 and hub.channel(2) is not None
     hub.finish({"ok": True})
     wait_until(lambda: {"done": {"ok": True}} in one.heard_messages and {"done": {"ok": True}} in two.heard_messages)
     wait_until(lambda: one.closed and two.closed)
