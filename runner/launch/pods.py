@@ -88,21 +88,28 @@ class _Remote:
     """A trainer on another pod, as the launcher's Popen: its exit code comes from its agent, or -SIGKILL once the
     agent is out of touch."""
 
-    def __init__(self):
+    def __init__(self, report_sec: float):
         self.pid, self.returncode, self.lost = 0, None, None
-        self._ended = threading.Event()
+        self.report_sec = report_sec  # after a kill order: how long its agent gets to report the trainer's end
+        self.killed_at = None
+        self._ended, self._lock = threading.Event(), threading.Lock()
 
     def end(self, code: int, lost: str | None = None) -> None:
-        if self.returncode is None:
-            self.returncode, self.lost = code, lost
-            self._ended.set()
+        with self._lock:  # its agent's report and its loss come from different threads: the first one counts
+            if self.returncode is None:
+                self.returncode, self.lost = code, lost
+                self._ended.set()
 
     def poll(self) -> int | None:
         return self.returncode
 
     def wait(self, timeout=None) -> int:
-        if not self._ended.wait(timeout):
-            raise subprocess.TimeoutExpired("remote trainer", timeout)
+        bound = None if self.killed_at is None else max(0.0, self.killed_at + self.report_sec - time.monotonic())
+        limit = bound if timeout is None else timeout if bound is None else min(timeout, bound)
+        if not self._ended.wait(limit):
+            if bound is None or (timeout is not None and timeout < bound):
+                raise subprocess.TimeoutExpired("remote trainer", timeout)
+            self.end(-signal.SIGKILL, f"its agent did not report the trainer's end within {self.report_sec:g}s of the kill order")
         return self.returncode
 
 
@@ -114,8 +121,10 @@ class PodTask(localhost.Task):
     channel = None
     generation: int = 0
 
+    report_sec: float = 10.0
+
     def start(self, lock) -> None:
-        self.proc = _Remote()
+        self.proc = _Remote(self.report_sec)
         runner_args = self.argv[3:]  # after `python -m runner`: the agent runs its own interpreter
         # the pod keeps its own environment: what the launcher set, and what differs from this pod's
         delta = {k: v for k, v in self.env.items() if k in SENT or k.startswith("RUNNER_") or os.environ.get(k) != v}
@@ -135,6 +144,8 @@ class PodTask(localhost.Task):
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None and self.channel is not None:
+            if signum == signal.SIGKILL and self.proc.killed_at is None:
+                self.proc.killed_at = time.monotonic()
             self.channel.send({"signal": int(signum), "generation": self.generation})
 
 
@@ -168,6 +179,7 @@ class Leader:
             return  # about a generation already replaced
         if "started" in message:
             task.proc.pid = int(message["started"])
+            task.run_dir = str(message.get("run_dir") or task.run_dir)  # on its pod: where its runner.log is
         elif "line" in message:
             task.heard(str(message["line"]).rstrip("\n") + "\n", self.lock)
         elif "exit" in message:
@@ -196,6 +208,7 @@ class Leader:
             if isinstance(task, PodTask):
                 task.agent, task.host, task.channel = agent, self.hosts[agent], self.hub.channel(agent)
                 task.generation = self.generation
+                task.report_sec = self.cfg.cluster.agent_timeout_sec + self.cfg.cluster.failure_grace_sec
                 self.current[agent] = task
         return tasks
 
@@ -204,8 +217,9 @@ class Leader:
         return localhost.Task(job, i, argv, env, run_dir) if i == 0 else PodTask(job, i, argv, env, run_dir)
 
     def launch(self, chosen, full) -> dict:
-        missing = self.hub.wait_for_all(self.cfg.cluster.start_timeout_sec)
+        stopping.install()  # a stop while the agents join tells them too
         try:
+            missing = self.hub.wait_for_all(self.cfg.cluster.start_timeout_sec)
             if missing:
                 names = ", ".join(f"worker:{i} ({self.hosts[i]})" for i in missing)
                 raise ClusterError(
@@ -218,11 +232,17 @@ class Leader:
                 self.cfg, chosen, make_tasks=self.make_tasks, where=where, job=full, room=self.hub.room, wait_for_room=True
             )
         except BaseException as err:
-            stopped = isinstance(err, (KeyboardInterrupt, stopping.Stopped))
-            self.hub.finish({"ok": False, "stopped": stopped, "error": f"{type(err).__name__}: {err}"[:2000]})
+            self.hub.finish(_ended(err))
             raise
         self.hub.finish({"ok": True})
         return summary
+
+
+def _ended(err: BaseException) -> dict:
+    """How the job ended on the leader, for the other agents to end alike (the same exit code)."""
+    if isinstance(err, (KeyboardInterrupt, stopping.Stopped)):
+        return {"ok": False, "stopped": getattr(err, "signal_name", "SIGINT"), "error": str(err) or "stopped by SIGINT"}
+    return {"ok": False, "config": isinstance(err, ConfigError), "error": str(err) or type(err).__name__}
 
 
 # -- the other agents -----------------------------------------------------------------------------------------------
@@ -238,8 +258,11 @@ class _Trainer:
                                          start_new_session=True)  # fmt: skip
         self.name = f"{order['job']}:{order['index']}"
         log.info("started %s (pid %d), generation %d", self.name, self.proc.pid, self.generation)
-        send({"started": self.proc.pid, "generation": self.generation})
+        send({"started": self.proc.pid, "run_dir": run_dir, "generation": self.generation})
         threading.Thread(target=self._pump, args=(send,), daemon=True).start()
+        # its end is reported as soon as it is reaped, not at its output's end (a grandchild may hold the pipe)
+        self._reaper = threading.Thread(target=self._reap, args=(send,), daemon=True)
+        self._reaper.start()
 
     def _pump(self, send) -> None:
         with self.proc.stdout:
@@ -247,6 +270,8 @@ class _Trainer:
                 print(f"[{self.name}] {line}", end="", flush=True)
                 if any(marker in line for marker in FORWARDED):
                     send({"line": line, "generation": self.generation})
+
+    def _reap(self, send) -> None:
         send({"exit": self.proc.wait(), "generation": self.generation})
 
     def signal(self, signum: int) -> None:
@@ -266,6 +291,7 @@ class _Trainer:
                 pass
         self.signal(signal.SIGKILL)
         self.proc.wait()
+        self._reaper.join(timeout=2.0)  # its exit reported before this agent closes its connection
 
 
 def follow(cfg, spec: dict, index: int) -> dict:
@@ -284,6 +310,7 @@ def follow(cfg, spec: dict, index: int) -> dict:
             channel = _call_back(leader, timeout, inbox, in_touch_at, cfg.cluster.start_timeout_sec)
             channel.send({"hello": {"index": index, "token": token, "port": rendezvous.free_port()}})
             channel.start()
+            welcomed = False
             while True:
                 source, message = inbox.get()
                 if source is not channel:
@@ -293,9 +320,11 @@ def follow(cfg, spec: dict, index: int) -> dict:
                         trainer.stop()
                         trainer = None
                     log.warning("agent of worker:%d: lost worker:0 at %s (%s); calling back", index, leader, channel.closed)
-                    in_touch_at = time.monotonic()
+                    if welcomed:  # the time without the leader counts from the last time it answered
+                        in_touch_at = time.monotonic()
                     break
                 if "welcome" in message:
+                    welcomed = True
                     log.info("agent of worker:%d: in touch with worker:0 at %s", index, leader)
                 elif "start" in message:
                     if trainer is not None:
@@ -345,8 +374,10 @@ def _done(result: dict, trainer: _Trainer | None, grace: float) -> dict:
     if trainer is not None:
         trainer.stop(grace)  # (it has ended, unless the job failed)
     if result.get("stopped"):
-        raise stopping.Stopped(signal.SIGTERM, f"the job was stopped on worker:0's pod: {result.get('error')}")
+        signum = getattr(signal, str(result["stopped"]), signal.SIGTERM)
+        raise stopping.Stopped(signum, f"the job was stopped on worker:0's pod: {result.get('error')}")
     if not result.get("ok"):
-        raise ClusterError(f"the job ended on worker:0's pod: {result.get('error')}")
+        kind = ConfigError if result.get("config") else ClusterError
+        raise kind(f"the job ended on worker:0's pod: {result.get('error')}")
     log.info("the job has ended (worker:0's agent said so)")
     return {}

@@ -101,10 +101,10 @@ class Channel:
                 line, buffer = buffer.split(b"\n", 1)
                 try:
                     message = json.loads(line)
-                except ValueError:
-                    self.close(f"not this job's protocol: {line[:80]!r}")
+                    self.on_message(self, message)
+                except Exception as err:  # noqa: BLE001  (a stranger's bytes, a message without what it needs)
+                    self.close(f"not this job's protocol: {line[:80]!r} ({type(err).__name__})")
                     return
-                self.on_message(self, message)
 
 
 class Hub:
@@ -132,7 +132,11 @@ class Hub:
                 continue
             except OSError:
                 return
-            channel = Channel(sock, self._message, self._closed, self.lost_sec, beat=lambda: 1)
+            try:  # a client gone at once (a probe, a port scan) must not end the accepting
+                channel = Channel(sock, self._message, self._closed, self.lost_sec, beat=lambda: 1)
+            except OSError:
+                sock.close()
+                continue
             channel.index = None
             channel.start()
 
@@ -140,7 +144,9 @@ class Hub:
         if channel.index is None:
             hello = message.get("hello")
             index = hello.get("index") if isinstance(hello, dict) else None
-            if hello is None or hello.get("token") != self.token or not (isinstance(index, int) and 0 < index < self.size):
+            port = hello.get("port") if isinstance(hello, dict) else None
+            valid = isinstance(index, int) and 0 < index < self.size and isinstance(port, int)
+            if not isinstance(hello, dict) or hello.get("token") != self.token or not valid:
                 stranger = isinstance(hello, dict) and hello.get("token") != self.token
                 why = "its TF_CONFIG names another cluster" if stranger else "no worker index of this job"
                 log.warning("rendezvous: turned away %s (%s: %s)", channel.peer, why, str(message)[:200])
@@ -151,7 +157,7 @@ class Hub:
                 old = self.agents.get(index)
                 channel.index, self.agents[index] = index, channel
                 self.leaving.discard(index)
-                self.ports[index] = int(hello["port"])
+                self.ports[index] = port
                 self._joined.notify_all()
             channel.send({"welcome": index})
             if old is not None:

@@ -5,6 +5,7 @@ whole job, with a link down and up between network namespaces: tests/e2e/test_ne
 
 import json
 import socket
+import subprocess
 import threading
 import time
 
@@ -135,3 +136,58 @@ def test_what_the_agents_cannot_keep_is_refused_before_tensorflow(monkeypatch, t
         validate.check_config(cfg)
         pods.launch(cfg)
     assert said in str(err.value)
+
+
+def test_a_client_that_resets_at_once_or_sends_garbage_does_not_stop_the_hub(hub):
+    """A probe or port scan that connects and resets (SO_LINGER 0), or bytes of another protocol: the hub goes on
+    accepting, and a real agent still joins."""
+    import struct
+
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", int(hub.address.rpartition(":")[2])))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    junk = socket.create_connection(("127.0.0.1", int(hub.address.rpartition(":")[2])))
+    junk.sendall(b'[1, 2]\n{"hello": {"index": 1}}\nGET / HTTP/1.1\r\n\r\n')
+    one = agent(hub, 1)
+    wait_until(lambda: hub.live() == [1] and {"welcome": 1} in one.heard_messages)
+    junk.close()
+
+
+def test_a_remote_trainer_killed_and_never_reported_ends_after_its_bound():
+    """After a kill order, a trainer whose agent stays silent about it (a hung pod) is taken as ended after
+    agent_timeout_sec + failure_grace_sec, so the launcher's wait never hangs; a report that comes first counts."""
+    task = pods.PodTask("worker", 1, ["python", "-m", "runner"], {}, "/x")
+    task.report_sec = 0.3
+
+    class Channel:
+        def send(self, message):
+            return True
+
+    task.channel = Channel()
+    task.start(threading.Lock())
+    with pytest.raises(subprocess.TimeoutExpired):
+        task.proc.wait(timeout=0.05)
+    task.signal(9)
+    started = time.monotonic()
+    assert task.proc.wait() == -9 and 0.2 < time.monotonic() - started < 1.0
+    assert "did not report the trainer's end within 0.3s" in task.exit_note(-9)
+    task.start(threading.Lock())
+    task.proc.end(0)
+    task.proc.end(-9, "lost")  # too late: the report counts
+    assert task.proc.wait() == 0
+
+
+@pytest.mark.parametrize(
+    "err, kind, code",
+    [
+        (KeyboardInterrupt(), "Stopped", 130),
+        (ConfigError("bad value"), "ConfigError", 2),
+        (RuntimeError("boom"), "ClusterError", 3),
+    ],
+)
+def test_the_other_agents_end_with_the_leaders_exit_code(err, kind, code):
+    with pytest.raises(Exception) as ended:
+        pods._done(json.loads(json.dumps(pods._ended(err))), None, 0.0)
+    assert type(ended.value).__name__ == kind and ended.value.exit_code == code
+    assert str(ended.value).startswith("the job ")
