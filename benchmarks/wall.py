@@ -215,6 +215,8 @@ def main(argv=None):
     p.add_argument("--end-steps", default=None, help="run lengths for the cost after the last step ('': none); "
                    "default 1000,10000,100000; none with --compute-bound")  # fmt: skip
     p.add_argument("--global-batch", type=int, default=None, help="default 256; 64 with --compute-bound")
+    p.add_argument("--no-script", action="store_true", help="only the runner's two sides (MLflow on / off): no script")
+    p.add_argument("--no-sweep", action="store_true", help="no sweep row")
     p.add_argument("--rows", default=None, help="only these rows, by index (0,1: the default strategy's two executors)")
     p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, or "
                    "docs/benchmarks-wall-compute.md with --compute-bound; none with --quick)")  # fmt: skip
@@ -263,15 +265,15 @@ def main(argv=None):
         )
         say("|---|---|---|---|---|---|---|---|---|---|")
     for strategy, cpus, executor in main_rows:
-        res = interleaved(
-            {
-                "on": lambda: w.runner(strategy, cpus, executor, args.steps),
-                "off": lambda: w.runner(strategy, cpus, executor, args.steps, mlflow=False),
-                "script": lambda: w.script(strategy, cpus, executor, args.steps),
-            },
-            args.rounds,
-        )
-        on, off, script = (statistics.median(t for t, _ in res[k]) for k in ("on", "off", "script"))
+        sides = {
+            "on": lambda: w.runner(strategy, cpus, executor, args.steps),
+            "off": lambda: w.runner(strategy, cpus, executor, args.steps, mlflow=False),
+            "script": lambda: w.script(strategy, cpus, executor, args.steps),
+        }
+        if args.no_script:
+            del sides["script"]
+        res = interleaved(sides, args.rounds)
+        on, off, script = (statistics.median(t for t, _ in res[k]) if k in res else float("nan") for k in ("on", "off", "script"))
         phases = median_phases(res["on"])
         after = sum(phases.get(k, 0.0) for k in AFTER_TRAINING)
         breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
@@ -280,7 +282,7 @@ def main(argv=None):
             f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
             f"{script / on:.3f} | {after:.2f} | {breakdown} | {off_breakdown} |"
         )
-    if not args.only_end and not args.compute_bound:
+    if not args.only_end and not args.compute_bound and not args.no_sweep:
         grid, steps = (SWEEP_QUICK, args.steps) if args.quick else (SWEEP, SWEEP_STEPS)
         res = interleaved({"sweep": lambda: w.sweep(grid, steps), "one by one": lambda: w.one_by_one(grid, steps)}, args.rounds)
         sweep, single = (statistics.median(t for t, _ in res[k]) for k in ("sweep", "one by one"))
