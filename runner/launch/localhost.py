@@ -30,6 +30,7 @@ from runner.tracking.run import mlflow_run, where_line
 log = logging.getLogger("runner")
 POLL_SEC = 0.2
 BLAME_SEC = 2.0  # a job that lost a trainer: how long the launcher looks for the one killed before naming a peer
+OUTPUT = threading.Lock()  # one task's line at a time on this process's output (cluster=tf_config: other pods' too)
 PROGRESS = re.compile(r"\] epoch (\d+)/(\d+) step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
 
 
@@ -236,7 +237,7 @@ def supervise(tasks: list[Task], cfg, tick=None) -> None:
     """Run until every trainer exits 0. A dead server task is restarted (parameter_server recovers);
     any other task that fails stops the whole cluster with an error naming it (TaskLost for a trainer). `tick`:
     called at every poll (the elastic launcher's watch; it may raise to end this supervision)."""
-    lock = threading.Lock()
+    lock = OUTPUT
     for t in tasks:
         t.start(lock)
     trainers = _trainers(tasks)

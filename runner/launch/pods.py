@@ -157,7 +157,6 @@ class Leader:
         self.hosts = [a.rpartition(":")[0] for a in spec["worker"]]
         self.generation = 0
         self.current: dict[int, PodTask] = {}  # agent index -> its task in this generation
-        self.lock = threading.Lock()
         port = int(spec["worker"][0].rpartition(":")[2])
         timeout = cfg.cluster.agent_timeout_sec
         try:
@@ -181,7 +180,7 @@ class Leader:
             task.proc.pid = int(message["started"])
             task.run_dir = str(message.get("run_dir") or task.run_dir)  # on its pod: where its runner.log is
         elif "line" in message:
-            task.heard(str(message["line"]).rstrip("\n") + "\n", self.lock)
+            task.heard(str(message["line"]).rstrip("\n") + "\n", localhost.OUTPUT)
         elif "exit" in message:
             task.proc.end(int(message["exit"]))
 
