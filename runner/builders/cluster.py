@@ -51,7 +51,8 @@ class TFConfigClusterConfig(ClusterConfig):
     # train through a lost worker: every pod's runner is an agent that starts its trainer, and worker:0's restarts
     # the job on the pods in touch (runner.launch.pods)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
-    agent_timeout_sec: float = ranged(5.0, gt=0)  # elastic: an agent silent this long is out of touch (a link down)
+    # elastic: an agent silent this long is out of touch (a link down); heartbeats come every 0.5 s
+    agent_timeout_sec: float = ranged(5.0, ge=2, why="agents beat every 0.5 s: shorter takes a busy pod for a lost one")
     failure_grace_sec: float = ranged(5.0, ge=0)  # elastic: after a trainer dies, how long the others get to exit
     stop_grace_sec: float = ranged(60.0, ge=0)  # elastic: on Ctrl-C or SIGTERM, how long the trainers get to checkpoint
 

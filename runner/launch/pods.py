@@ -25,6 +25,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 
 from runner.config import layout, validate
 from runner.control import contract, stopping
@@ -188,7 +189,7 @@ class Leader:
         if not self.hub.open:
             return  # the job has ended: the agents were told
         task = self._task(channel.index)
-        if task is not None and task.channel is channel:
+        if task is not None and task.channel is channel and task.proc is not None:  # a task not started fails at start
             task.proc.end(-signal.SIGKILL, f"its pod ({task.host}) is out of touch: {why}")
         log.warning("rendezvous: lost worker:%d's agent (%s)", channel.index, why)
 
@@ -303,11 +304,13 @@ def follow(cfg, spec: dict, index: int) -> dict:
     inbox: queue.Queue = queue.Queue()
     trainer: _Trainer | None = None
     channel = None
+    agent = uuid.uuid4().hex  # its own calling back is told from another pod given the same index
     in_touch_at = time.monotonic()
+    refused = None  # (why, error class) when the address answered but did not take this agent in
     try:
         while True:
-            channel = _call_back(leader, timeout, inbox, in_touch_at, cfg.cluster.start_timeout_sec)
-            channel.send({"hello": {"index": index, "token": token, "port": rendezvous.free_port()}})
+            channel = _call_back(leader, timeout, inbox, in_touch_at, cfg.cluster.start_timeout_sec, refused)
+            channel.send({"hello": {"index": index, "token": token, "port": rendezvous.free_port(), "agent": agent}})
             channel.start()
             welcomed = False
             while True:
@@ -318,12 +321,19 @@ def follow(cfg, spec: dict, index: int) -> dict:
                     if trainer is not None:
                         trainer.stop()
                         trainer = None
-                    log.warning("agent of worker:%d: lost worker:0 at %s (%s); calling back", index, leader, channel.closed)
                     if welcomed:  # the time without the leader counts from the last time it answered
+                        log.warning("agent of worker:%d: lost worker:0 at %s (%s); calling back", index, leader, channel.closed)
                         in_touch_at = time.monotonic()
+                    else:  # something answers there, and not as the leader: said once, tried again each second
+                        if refused is None:
+                            log.warning(
+                                "agent of worker:%d: %s did not take it in (%s); calling back", index, leader, channel.closed
+                            )
+                        refused = refused or (channel.closed, ClusterError)
+                        time.sleep(1.0)
                     break
                 if "welcome" in message:
-                    welcomed = True
+                    welcomed, refused = True, None
                     log.info("agent of worker:%d: in touch with worker:0 at %s", index, leader)
                 elif "start" in message:
                     if trainer is not None:
@@ -332,6 +342,8 @@ def follow(cfg, spec: dict, index: int) -> dict:
                 elif "signal" in message:
                     if trainer is not None and trainer.generation == message.get("generation"):
                         trainer.signal(int(message["signal"]))
+                elif "refused" in message and message.get("retry"):  # its place is held: until the holder is silent
+                    refused = (message["refused"], ConfigError)
                 elif "refused" in message:
                     raise ConfigError(
                         f"worker:0's agent at {leader} turned this one (worker:{index}) away: {message['refused']}. "
@@ -352,20 +364,28 @@ def follow(cfg, spec: dict, index: int) -> dict:
             channel.close("this agent is ending")
 
 
-def _call_back(leader: str, timeout: float, inbox: queue.Queue, since: float, timeout_sec: float):
-    """A connection to the leader, tried every second for `timeout_sec` from `since` (then ClusterError, exit 3)."""
+def _call_back(leader: str, timeout: float, inbox: queue.Queue, since: float, timeout_sec: float, refused=None):
+    """A connection to the leader, tried every second for `timeout_sec` from `since`; then ClusterError (exit 3), or
+    `refused`'s error when the address answered but did not take this agent in ((why, error class))."""
     on_message = lambda ch, m: None if "beat" in m else inbox.put((ch, m))  # noqa: E731
     on_close = lambda ch, why: inbox.put((ch, None))  # noqa: E731
     while True:
-        channel = rendezvous.connect(leader, timeout, on_message, on_close, beat=rendezvous.free_port)
-        if channel is not None:
-            return channel
         if time.monotonic() > since + timeout_sec:
+            if refused is not None:
+                why, kind = refused
+                raise kind(
+                    f"{leader}, worker:0's address in TF_CONFIG, did not take this agent in for {timeout_sec:g}s "
+                    f"(cluster.start_timeout_sec): {why}. Check that worker:0's pod runs the same job with "
+                    "cluster.elastic.enabled=true there, and that every pod has its own worker index."
+                )
             raise ClusterError(
                 f"worker:0's agent at {leader} did not answer for {timeout_sec:g}s (cluster.start_timeout_sec): the job "
                 "is lost to this pod. If worker:0 trains on without it, nothing is needed; otherwise start the job "
                 "again with resume=<each pod's output directory> to continue from the last checkpoint."
             )
+        channel = rendezvous.connect(leader, timeout, on_message, on_close, beat=rendezvous.free_port)
+        if channel is not None:
+            return channel
         time.sleep(1.0)
 
 

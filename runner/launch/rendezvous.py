@@ -73,7 +73,10 @@ class Channel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
-        self.on_close(self, why)
+        try:
+            self.on_close(self, why)
+        except Exception as err:  # noqa: BLE001  (a callback's bug must not end the thread that closes)
+            log.warning("rendezvous: after closing %s: %s: %s", self.peer, type(err).__name__, err)
 
     def _beat(self) -> None:
         while not self.closed and self.send({"beat": self.beat()}):
@@ -137,7 +140,7 @@ class Hub:
             except OSError:
                 sock.close()
                 continue
-            channel.index = None
+            channel.index = channel.agent = None
             channel.start()
 
     def _message(self, channel: Channel, message: dict) -> None:
@@ -153,15 +156,25 @@ class Hub:
                 channel.send({"refused": why})
                 channel.close("turned away")
                 return
+            agent = str(hello.get("agent", ""))
             with self._lock:
                 old = self.agents.get(index)
-                channel.index, self.agents[index] = index, channel
-                self.leaving.discard(index)
-                self.ports[index] = port
-                self._joined.notify_all()
+                other = old is not None and old.agent != agent and index not in self.leaving
+                if other and time.monotonic() - old.heard < self.lost_sec:  # another pod in touch with this index
+                    busy = f"worker:{index}'s place is taken by another agent in touch (from {old.peer})"
+                else:
+                    busy = None
+                    channel.index, channel.agent, self.agents[index] = index, agent, channel
+                    self.leaving.discard(index)
+                    self.ports[index] = port
+                    self._joined.notify_all()
+            if busy:
+                channel.send({"refused": busy, "retry": True})
+                channel.close("turned away: its index is in touch")
+                return
             channel.send({"welcome": index})
             if old is not None:
-                old.close("replaced by a new connection of the same agent")
+                old.close("replaced by a new connection of the same agent" if not other else "replaced: it was silent")
             log.info("rendezvous: worker:%d's agent joined from %s", index, channel.peer)
             return
         if "beat" in message:

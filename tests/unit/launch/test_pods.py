@@ -41,12 +41,13 @@ def hub():
     h.finish({"ok": False, "error": "test over"})
 
 
-def agent(hub, index, token=None, port=4242):
+def agent(hub, index, token=None, port=4242, name=None):
     heard, closed = [], []
     channel = rendezvous.connect(
         hub.address, 1.0, lambda c, m: heard.append(m), lambda c, why: closed.append(why), beat=lambda: port
     )
-    channel.send({"hello": {"index": index, "token": token or rendezvous.job_token(SPEC), "port": port}})
+    hello = {"index": index, "token": token or rendezvous.job_token(SPEC), "port": port, "agent": name or f"agent-{index}"}
+    channel.send({"hello": hello})
     channel.start()
     channel.heard_messages, channel.closed_why = heard, closed
     return channel
@@ -70,7 +71,7 @@ def test_agents_join_report_ports_and_hear_the_jobs_end(hub):
 def test_a_silent_agent_is_out_of_touch_within_the_timeout(hub):
     """An agent that says hello and then nothing (its link down: no FIN, no RST) is lost after agent_timeout_sec."""
     sock = socket.create_connection(("127.0.0.1", int(hub.address.rpartition(":")[2])))
-    hello = {"hello": {"index": 1, "token": rendezvous.job_token(SPEC), "port": 1}}
+    hello = {"hello": {"index": 1, "token": rendezvous.job_token(SPEC), "port": 1, "agent": "a"}}
     sock.sendall((json.dumps(hello) + "\n").encode())
     wait_until(lambda: hub.live() == [1])
     started = time.monotonic()
@@ -90,9 +91,13 @@ def test_a_stranger_or_a_wrong_index_is_turned_away_and_a_rejoin_replaces_the_ol
     assert hub.live() == []
     first = agent(hub, 2)
     wait_until(lambda: hub.live() == [2])
-    again = agent(hub, 2)  # the same pod back after a link came up, its old connection not yet timed out
+    again = agent(hub, 2)  # the same agent back after a link came up, its old connection not yet timed out
     wait_until(lambda: first.closed and hub.channel(2) is not None and hub.lost)
     assert hub.live() == [2] and not again.closed
+    twin = agent(hub, 2, name="another pod")  # a second pod given the same index: turned away while the first is in touch
+    wait_until(lambda: twin.closed)
+    assert twin.heard_messages[-1]["retry"] and "place is taken" in twin.heard_messages[-1]["refused"]
+    assert hub.channel(2) is not None and not again.closed
 
 
 def test_the_agents_own_environment_is_kept_and_the_runners_variables_sent(monkeypatch):
@@ -191,3 +196,38 @@ def test_the_other_agents_end_with_the_leaders_exit_code(err, kind, code):
         pods._done(json.loads(json.dumps(pods._ended(err))), None, 0.0)
     assert type(ended.value).__name__ == kind and ended.value.exit_code == code
     assert str(ended.value).startswith("the job ")
+
+
+def test_an_address_that_answers_but_is_no_leader_is_given_up_on_after_the_timeout(tmp_path):
+    """Another program on worker:0's address (it accepts, then closes): the follower tries again each second, says so
+    once, and ends after cluster.start_timeout_sec naming what answered (before: hundreds of reconnections a second,
+    for ever)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def answer():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.sendall(b"<!DOCTYPE HTML>\n")
+            conn.close()
+
+    answering = threading.Thread(target=answer, daemon=True)
+    answering.start()
+    spec = {"worker": [f"127.0.0.1:{port}", "127.0.0.1:1"]}
+    cfg = helpers.composed(f"output_dir={tmp_path}", *ELASTIC, "checkpoint.dir=/x", "cluster.start_timeout_sec=2")
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception) as err:
+            pods.follow(cfg, spec, 1)
+    finally:
+        stop.set()
+        answering.join()
+        server.close()
+    took = time.monotonic() - started
+    assert type(err.value).__name__ == "ClusterError" and "did not take this agent in for 2s" in str(err.value)
+    assert "not this job's protocol" in str(err.value) and 2 <= took < 6
