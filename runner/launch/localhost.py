@@ -34,13 +34,14 @@ OUTPUT = threading.Lock()  # one task's line at a time on this process's output 
 PROGRESS = re.compile(r"\] epoch (\d+)/(\d+) step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
 
 
-def free_ports(n: int) -> list[int]:
-    """Ports the OS says are free now; taken right before the tasks start to keep the race short."""
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS says are free now on `host` ("": every interface, a pod's); taken right before the tasks start to
+    keep the race short."""
     socks = []
     try:
         for _ in range(n):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:

@@ -199,7 +199,7 @@ class Leader:
         live = self.hub.live()
         agents = [0, *live[: n - 1]]
         agents += [i for i in range(1, len(self.hosts)) if i not in agents][: n - len(agents)]
-        ports = [rendezvous.free_port()] + [self.hub.ports.get(i, 0) for i in agents[1:]]
+        ports = [localhost.free_ports(1, host="")[0]] + [self.hub.ports.get(i, 0) for i in agents[1:]]
         spec = {"worker": [f"{self.hosts[a]}:{p}" for a, p in zip(agents, ports)]}
         self.generation += 1
         tasks = localhost.build_tasks(cfg, overrides, run_id, uri, spec=spec, task_class=self._make)
@@ -246,49 +246,41 @@ def _ended(err: BaseException) -> dict:
 
 
 # -- the other agents -----------------------------------------------------------------------------------------------
-class _Trainer:
-    """This pod's trainer of one generation: its output to this process's, the lines the leader needs to it."""
+def _free_port() -> int:
+    """A port free on every interface of this pod now, for its trainer of the next generation."""
+    return localhost.free_ports(1, host="")[0]
+
+
+class _Trainer(localhost.Task):
+    """This pod's trainer of one generation, started and signalled as a launcher's task is, its output printed here;
+    the lines the leader needs, and its end, go to the leader."""
 
     def __init__(self, cfg, order: dict, send):
-        self.generation = order["generation"]
-        run_dir = layout.task_dir(cfg.output_dir, order["job"], int(order["index"]))
+        job, index = order["job"], int(order["index"])
+        run_dir = layout.task_dir(cfg.output_dir, job, index)
         args = [a for a in order["args"] if not a.startswith("hydra.run.dir=")]
         env = dict(os.environ, **{k: str(v) for k, v in order["env"].items()})
-        self.proc = contract.start_child(contract.runner_command([*args, f"hydra.run.dir={run_dir}"]), env, bufsize=1,
-                                         start_new_session=True)  # fmt: skip
-        self.name = f"{order['job']}:{order['index']}"
-        log.info("started %s (pid %d), generation %d", self.name, self.proc.pid, self.generation)
+        super().__init__(job, index, contract.runner_command([*args, f"hydra.run.dir={run_dir}"]), env, run_dir)
+        self.generation, self.send = order["generation"], send
+        self.start(localhost.OUTPUT)
         send({"started": self.proc.pid, "run_dir": run_dir, "generation": self.generation})
-        threading.Thread(target=self._pump, args=(send,), daemon=True).start()
         # its end is reported as soon as it is reaped, not at its output's end (a grandchild may hold the pipe)
-        self._reaper = threading.Thread(target=self._reap, args=(send,), daemon=True)
+        self._reaper = threading.Thread(target=self._reap, daemon=True)
         self._reaper.start()
 
-    def _pump(self, send) -> None:
-        with self.proc.stdout:
-            for line in self.proc.stdout:
-                print(f"[{self.name}] {line}", end="", flush=True)
-                if any(marker in line for marker in FORWARDED):
-                    send({"line": line, "generation": self.generation})
+    def heard(self, line: str, lock) -> None:
+        super().heard(line, lock)
+        if any(marker in line for marker in FORWARDED):
+            self.send({"line": line, "generation": self.generation})
 
-    def _reap(self, send) -> None:
-        send({"exit": self.proc.wait(), "generation": self.generation})
-
-    def signal(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signum)
-            except ProcessLookupError:
-                pass
+    def _reap(self) -> None:
+        self.send({"exit": self.proc.wait(), "generation": self.generation})
 
     def stop(self, grace: float = 0.0) -> None:
         """SIGTERM and up to `grace` s to end (0: SIGKILL at once), then SIGKILL."""
         if grace:
             self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
+            self.wait_or_kill(time.monotonic() + grace)
         self.signal(signal.SIGKILL)
         self.proc.wait()
         self._reaper.join(timeout=2.0)  # its exit reported before this agent closes its connection
@@ -310,7 +302,7 @@ def follow(cfg, spec: dict, index: int) -> dict:
     try:
         while True:
             channel = _call_back(leader, timeout, inbox, in_touch_at, cfg.cluster.start_timeout_sec, refused)
-            channel.send({"hello": {"index": index, "token": token, "port": rendezvous.free_port(), "agent": agent}})
+            channel.send({"hello": {"index": index, "token": token, "port": _free_port(), "agent": agent}})
             channel.start()
             welcomed = False
             while True:
@@ -383,7 +375,7 @@ def _call_back(leader: str, timeout: float, inbox: queue.Queue, since: float, ti
                 "is lost to this pod. If worker:0 trains on without it, nothing is needed; otherwise start the job "
                 "again with resume=<each pod's output directory> to continue from the last checkpoint."
             )
-        channel = rendezvous.connect(leader, timeout, on_message, on_close, beat=rendezvous.free_port)
+        channel = rendezvous.connect(leader, timeout, on_message, on_close, beat=_free_port)
         if channel is not None:
             return channel
         time.sleep(1.0)

@@ -22,18 +22,12 @@ def job_token(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def free_port(host: str = "") -> int:
-    """A port free on `host` now, for a trainer of the next generation (taken right before it starts)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class Channel:
     """One connection. `on_message(channel, message)` for each message (heartbeats too), from its reader thread;
-    `on_close(channel, why)` once, when it closes (by either side, or silence for `lost_sec`)."""
+    `on_close(channel, why)` once, when it closes (by either side, or silence for `lost_sec`); `beat()`: what each
+    heartbeat carries."""
 
-    def __init__(self, sock: socket.socket, on_message, on_close, lost_sec: float, beat=dict):
+    def __init__(self, sock: socket.socket, on_message, on_close, lost_sec: float, beat):
         self.sock, self.on_message, self.on_close, self.lost_sec, self.beat = sock, on_message, on_close, lost_sec, beat
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(BEAT_SEC)  # a send into a dead link fails within this, as a read wakes up to check the silence
@@ -112,7 +106,7 @@ class Channel:
 
 class Hub:
     """worker:0's end: agents say hello with their index and job token, then stay connected. `on_message(index,
-    message)` and `on_lost(index, why)` are the launcher's; `room()` is how many workers the job could run now."""
+    message)` and `on_lost(channel, why)` are the launcher's; `room()` is how many workers the job could run now."""
 
     def __init__(self, port: int, size: int, token: str, lost_sec: float, on_message, on_lost):
         self.size, self.token, self.lost_sec = size, token, lost_sec

@@ -13,7 +13,7 @@ import pytest
 
 from runner.config import schema, validate
 from runner.errors import ConfigError
-from runner.launch import pods, rendezvous
+from runner.launch import localhost, pods, rendezvous
 
 import helpers
 
@@ -32,7 +32,7 @@ def wait_until(predicate, timeout=5.0):
 @pytest.fixture
 def hub():
     got, lost = [], []
-    port = rendezvous.free_port("127.0.0.1")
+    port = localhost.free_ports(1)[0]
     h = rendezvous.Hub(
         port, 3, rendezvous.job_token(SPEC), 1.0, lambda i, m: got.append((i, m)), lambda c, why: lost.append((c.index, why))
     )
