@@ -1,12 +1,17 @@
 """Process environment that must be in place before TensorFlow is imported."""
 
 import contextlib
+import ctypes
 import os
 import sys
 import tempfile
 
+M_ARENA_MAX = -8  # glibc's malloc.h
+MIN_ARENAS = 128  # above the threads of the runner's largest training process on a small machine
+
 
 def prepare() -> None:
+    spread_malloc_arenas()
     # Keras 3 lacks ParameterServerStrategy support and breaks on uneven replica batches;
     # tf_keras (Keras 2) is the supported path, and this is read at the first tf.keras access.
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -23,6 +28,29 @@ def prepare() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     # MLflow prints the run's URL, credentials included, when a run ends; the runner logs a redacted link itself.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def spread_malloc_arenas() -> bool:
+    """One glibc malloc arena per thread, for the threads TensorFlow starts; called before any thread exists.
+
+    glibc allows 8 arenas per core, then shares them between threads, the main thread's arena included. On a
+    small machine TensorFlow starts far more threads than that. Which thread got the main thread's arena depended
+    on the order threads first allocated (MLflow's threads shifted it), and a busy compute thread sharing it made
+    the Python thread that runs the steps pay for consolidating that thread's freed chunks: the same run was
+    slower at random (docs/benchmarks-wall.md). A limit the user set (MALLOC_ARENA_MAX, GLIBC_TUNABLES) is kept.
+    """
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (ValueError, OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        glibc = False
+    if not glibc:
+        return False
+    if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    try:
+        return ctypes.CDLL(None).mallopt(M_ARENA_MAX, max(MIN_ARENAS, 8 * (os.cpu_count() or 1))) == 1
+    except (OSError, AttributeError):
+        return False
 
 
 @contextlib.contextmanager
