@@ -35,6 +35,8 @@ log = logging.getLogger("runner")
 class Reporter(Protocol):
     def log_metrics(self, values: dict[str, float], step: int) -> None: ...
 
+    def deliver_soon(self) -> None: ...
+
 
 @dataclass
 class Job:
@@ -214,6 +216,14 @@ class Throughput:
             out["time/first_step_sec"] = self.first_step_sec
             out["time/to_first_step_sec"] = self.to_first_step_sec  # from process start: imports, set-up, tracing
         return out
+
+
+def training_ended(job: Job) -> None:
+    """Either executor, after its last step: the phase's mark; a held spare goes on; what was logged during training
+    is delivered now, beside the evaluation and the save."""
+    phases.mark("train")
+    ahead.release()
+    job.reporter.deliver_soon()
 
 
 def done_line(result: Result, summary: dict[str, float]) -> str:

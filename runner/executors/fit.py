@@ -5,7 +5,6 @@ import time
 import numpy as np
 
 from runner import tf_private
-from runner.control import ahead
 from runner.control.stopping import StopGuard
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
@@ -20,6 +19,7 @@ from runner.executors.base import (
     log,
     progress_line,
     replica_metrics,
+    training_ended,
 )
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
@@ -327,8 +327,7 @@ def run_fit(job: Job) -> Result:
             **kwargs,
         )
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
-    phases.mark("train")
-    ahead.release()
+    training_ended(job)
     steps = callbacks[0].last_step or job.train.epochs * data.steps_per_epoch  # fewer when stopped early
     restore_best(job, job.restore_best)
     eval_metrics = evaluate()

@@ -9,8 +9,18 @@ parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has it
 
 import time
 
-from runner.control import ahead, stopping
-from runner.executors.base import Job, Result, Throughput, check_loss, last_log_point, log, progress_line, recover
+from runner.control import stopping
+from runner.executors.base import (
+    Job,
+    Result,
+    Throughput,
+    check_loss,
+    last_log_point,
+    log,
+    progress_line,
+    recover,
+    training_ended,
+)
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.tracking import phases
 
@@ -169,7 +179,6 @@ def run(job: Job, trainer: Trainer) -> Result:
             epoch += 1
     trainer.end()
     train_sec = time.perf_counter() - started
-    phases.mark("train")
-    ahead.release()
+    training_ended(job)
     restore_best(job, job.restore_best)
     return finish(job, meter, step, epoch_loss, train_sec, trainer.evaluate)

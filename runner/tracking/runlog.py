@@ -82,6 +82,11 @@ class RunLog:
         """Send what is queued now; False if the server could not take it (it stays queued)."""
         return self._deliver()
 
+    def deliver_soon(self) -> None:
+        """Training has ended: the sender delivers what is queued now, beside the evaluation and the save, instead
+        of at its next period or in close(), which the command waits for."""
+        self._wake.set()
+
     def _send_loop(self) -> None:
         """Journal what was logged every JOURNAL_EVERY_SEC; deliver it every mlflow.flush_every_sec (or when woken)."""
         while not self._stop.is_set():
@@ -258,6 +263,9 @@ class NullRun:
         pass
 
     def flush(self):
+        pass
+
+    def deliver_soon(self):
         pass
 
     def sync_journal(self):

@@ -24,6 +24,9 @@ class Reporter:
     def log_metrics(self, values, step):
         self.logged.append((step, dict(values)))
 
+    def deliver_soon(self):
+        pass
+
 
 class Checkpoints:
     directory, last_step = "/nowhere", None
