@@ -31,13 +31,14 @@ def prepare() -> None:
 
 
 def spread_malloc_arenas() -> bool:
-    """One glibc malloc arena per thread, for the threads TensorFlow starts; called before any thread exists.
+    """One glibc malloc arena per thread, for the threads TensorFlow starts. True: the limit was handed to glibc.
 
-    glibc allows 8 arenas per core, then shares them between threads, the main thread's arena included. On a
+    glibc allows a few arenas per core, then shares them between threads, the main thread's arena included. On a
     small machine TensorFlow starts far more threads than that. Which thread got the main thread's arena depended
     on the order threads first allocated (MLflow's threads shifted it), and a busy compute thread sharing it made
     the Python thread that runs the steps pay for consolidating that thread's freed chunks: the same run was
-    slower at random (docs/benchmarks-wall.md). A limit the user set (MALLOC_ARENA_MAX, GLIBC_TUNABLES) is kept.
+    slower at random (docs/benchmarks-wall.md). glibc fixes its limit once a few threads have allocated, so this
+    runs first (later, it is accepted and ignored). A limit the user set (MALLOC_ARENA_MAX, GLIBC_TUNABLES) is kept.
     """
     try:
         glibc = os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")

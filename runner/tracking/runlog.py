@@ -91,7 +91,8 @@ class RunLog:
         """Journal what was logged every JOURNAL_EVERY_SEC; deliver it every mlflow.flush_every_sec (or when woken)."""
         while not self._stop.is_set():
             woken = self._wake.wait(min(JOURNAL_EVERY_SEC, self.flush_every))
-            self._wake.clear()
+            if woken:  # cleared only when seen: a wake set after a timed-out wait is kept for the next turn
+                self._wake.clear()
             if self._stop.is_set():
                 break
             if woken or time.monotonic() - self._last_flush >= self.flush_every:

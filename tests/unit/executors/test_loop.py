@@ -25,7 +25,7 @@ class Reporter:
         self.logged.append((step, dict(values)))
 
     def deliver_soon(self):
-        pass
+        self.logged.append(("delivered", {}))
 
 
 class Checkpoints:
@@ -120,6 +120,11 @@ def test_calls_are_cut_at_epoch_ends_logged_on_cadence_and_synced_after_each_cal
     trainer = FakeTrainer(steps_per_call=3)
     result = loop.run(job, trainer)
     assert trainer.calls == [3, 3, 3, 1] * 2 and trainer.syncs == [3, 6, 9, 10, 13, 16, 19, 20]
+    delivered = job.reporter.logged.index(("delivered", {}))  # once, after the last step's values, before evaluation's
+    assert job.reporter.logged.count(("delivered", {})) == 1
+    assert job.reporter.logged[delivered - 1][0] == 20 and "loss" in job.reporter.logged[delivered - 1][1]
+    assert "time/train_sec" in job.reporter.logged[delivered + 1][1]
+    job.reporter.logged.remove(("delivered", {}))
     steps = [step for step, values in job.reporter.logged if "loss" in values]
     assert steps == [6, 10, 16, 20]  # every 4 steps or more, and each epoch's end
     step, values = job.reporter.logged[2]
