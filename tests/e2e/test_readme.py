@@ -753,8 +753,9 @@ def run_tensorboard(scratch, tokens, profiled):
     finally:
         os.killpg(server.pid, signal.SIGINT)
         try:
-            server.wait(timeout=30)
+            server.wait(timeout=60)  # its exit waits for its threads: once past 30 s in a full 2-core suite run
         except subprocess.TimeoutExpired:
+            found["stuck"] = _threads(live_group_members(server.pid))  # what each thread waits in, for the message
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
             found["ctrl_c"] = False
@@ -778,7 +779,7 @@ def check_tensorboard(scratch, args, found):
     assert any(t.startswith("trace_viewer") for t in found["tools"][run]), found["tools"][run]
     spans = [e for e in found["events"][run] if e.get("ph") == "X"]  # complete events: the ops the traced steps ran
     assert spans, found["events"][run][:20]
-    assert found.get("ctrl_c", True), "tensorboard did not stop on Ctrl-C"
+    assert found.get("ctrl_c", True), f"tensorboard did not stop on Ctrl-C: {found.get('stuck')}\n{found['log']}"
     assert not found["left"], f"tensorboard's processes outlived it: {found['left']}"
 
 
@@ -889,6 +890,26 @@ def run_ray(scratch, tokens):
         time.sleep(0.5)
     proc.left = _processes_with(mark)
     return proc, run_dir
+
+
+def _threads(pids) -> dict:
+    """pid -> [(thread name, the kernel function it waits in)]: where a process that does not exit is."""
+
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return "?"
+
+    stacks = {}
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone meanwhile
+            continue
+        stacks[pid] = [(read(f"/proc/{pid}/task/{t}/comm"), read(f"/proc/{pid}/task/{t}/wchan")) for t in tasks]
+    return stacks
 
 
 def _processes_with(variable):
