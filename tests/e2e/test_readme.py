@@ -728,7 +728,15 @@ def run_tensorboard(scratch, tokens, profiled):
     found = {"sessions": sessions, "argv": argv}
     with open(log_path, "w") as log:
         server = subprocess.Popen(
-            argv, cwd=scratch.root, env={**_env(), mark: "1"}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=scratch.root,
+            env={**_env(), mark: "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # Ctrl-C as a terminal delivers it: a suite started in the background (`cmd &` without job control)
+            # ignores SIGINT, every child inherits that, and TensorBoard then never hears the test's Ctrl-C
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -753,7 +761,7 @@ def run_tensorboard(scratch, tokens, profiled):
     finally:
         os.killpg(server.pid, signal.SIGINT)
         try:
-            server.wait(timeout=60)  # its exit waits for its threads: once past 30 s in a full 2-core suite run
+            server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             found["stuck"] = _threads(live_group_members(server.pid))  # what each thread waits in, for the message
             os.killpg(server.pid, signal.SIGKILL)
