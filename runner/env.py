@@ -30,6 +30,14 @@ def prepare() -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
+def glibc() -> bool:
+    """Whether this process's C library is glibc (its malloc is what spread_malloc_arenas tunes)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (ValueError, OSError, AttributeError):  # musl, macOS, Windows
+        return False
+
+
 def spread_malloc_arenas() -> bool:
     """One glibc malloc arena per thread, for the threads TensorFlow starts. True: the limit was handed to glibc.
 
@@ -40,11 +48,7 @@ def spread_malloc_arenas() -> bool:
     slower at random (docs/benchmarks-wall.md). glibc fixes its limit once a few threads have allocated, so this
     runs first (later, it is accepted and ignored). A limit the user set (MALLOC_ARENA_MAX, GLIBC_TUNABLES) is kept.
     """
-    try:
-        glibc = os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
-    except (ValueError, OSError, AttributeError):  # not glibc (musl, macOS, Windows)
-        glibc = False
-    if not glibc:
+    if not glibc():
         return False
     if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
         return False

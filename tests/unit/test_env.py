@@ -48,14 +48,7 @@ def arenas(tmp_path, mode: str, **environ) -> tuple[str, int, int, int]:
     return out[0], heaps, threads, default
 
 
-def _glibc() -> bool:
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
-    except (ValueError, OSError, AttributeError):
-        return False
-
-
-glibc = pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+glibc = pytest.mark.skipif(not env.glibc(), reason="glibc's malloc only")
 
 
 @glibc
