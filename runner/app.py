@@ -247,7 +247,8 @@ def main(cfg: DictConfig) -> float | None:
         launched = os.environ.get(contract.ATTACH_RUN)  # a task of cluster=localhost: the launcher says what to do next
         hint = f" Continue with: python -m runner resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
         marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
-        print(redact(f"Stopped: {err}{marked}{hint}"), file=sys.stderr)
+        said = str(err).rstrip(".")  # "stopped by SIGINT" (outside the steps) ends with no period of its own
+        print(redact(f"Stopped: {said}.{marked}{hint}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except RunnerError as err:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
