@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from runner.config.redact import redact, redact_mapping, redact_uri
 from runner.errors import ConfigError
-from runner.mlflow_process import delivery
+from runner.mlflow_process import delivery, sqlite_metrics
 from runner.tracking import outbox
 
 log = logging.getLogger("runner")
@@ -40,10 +40,16 @@ class Calls:
         self.client, self.uri, self.owner_pid = client, uri, owner_pid
         self._monitors: dict = {}  # run id -> its system-metrics monitor (runner.mlflow_process.ops)
         self._niced = False
+        self._sqlite = sqlite_metrics.SqliteMetrics.for_uri(uri)  # None: MLflow's log_batch takes every value
 
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
+        if metrics and not params and self._sqlite is not None:  # what training logs, 10x cheaper
+            if tags:
+                self.client.log_batch(run_id, tags=[RunTag(*t) for t in tags])
+            self._sqlite.log(self.client, run_id, metrics)
+            return
         self.client.log_batch(
             run_id, metrics=[Metric(*m) for m in metrics], tags=[RunTag(*t) for t in tags], params=[Param(*p) for p in params]
         )
