@@ -46,9 +46,7 @@ class Calls:
         from mlflow.entities import Metric, Param, RunTag
 
         if metrics and not params and self._sqlite is not None:  # what training logs, 10x cheaper
-            if tags:
-                self.client.log_batch(run_id, tags=[RunTag(*t) for t in tags])
-            self._sqlite.log(self.client, run_id, metrics)
+            self._sqlite.log(self.client, run_id, metrics, tags)
             return
         self.client.log_batch(
             run_id, metrics=[Metric(*m) for m in metrics], tags=[RunTag(*t) for t in tags], params=[Param(*p) for p in params]

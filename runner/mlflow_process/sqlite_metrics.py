@@ -1,17 +1,20 @@
-"""Metric values into a local SQLite store in one statement per batch: the rows MLflow's `log_batch` writes, without
-its ORM's unit of work, which costs 0.1 ms of CPU per value. On 2 cores that CPU comes out of training's steps: a
-30 000-step run logs 15 000 values or more (docs/benchmarks-wall.md).
+"""Metric values into a local SQLite store in one transaction per batch (one `executemany`, and the latest value per
+key): the rows MLflow's `log_batch` writes, without its ORM's unit of work, which costs 0.1 ms of CPU per value. On 2
+cores that CPU comes out of training's steps: a 30 000-step run logs 15 000 values or more (docs/benchmarks-wall.md).
 
 The one place the runner writes MLflow's tables (its private schema, read from the installed MLflow's own table
 definitions, `mlflow==3.17.*` pinned). What it writes is what `SqlAlchemyStore._log_metrics` writes:
 - one `metrics` row per value, a value already there ignored (the primary key covers every column);
-- NaN stored as 0 with `is_nan`, +/-inf as the largest finite float;
-- `latest_metrics`, per run and key, the value with the largest (step, timestamp, value).
+- NaN stored as 0 with `is_nan`, +/-inf as +/- the largest finite float;
+- `latest_metrics`, per run and key, the value with the largest (step, timestamp, value); of equals, the one stored
+  first.
 
 MLflow's own `log_batch` still does the rest, and is the fallback for anything unusual:
-- the first value of each key in a run, so that MLflow validates the key's name;
+- the first value of each key in a run, so that MLflow validates the key's name, and the batch's tags with it;
 - a run that is missing or deleted, so that the caller gets MLflow's own error;
-- a store this module cannot use: not SQLite, or an MLflow without these tables.
+- a batch that is not what RunLog sends (a value that is not a number, a step or timestamp that is not an int, more
+  than 1000 values), and every batch while an MLflow active model is set (MLflow copies values to the model);
+- a store this module cannot use: not SQLite, or an MLflow without these table definitions.
 tests/unit/mlflow_process/test_sqlite_metrics.py compares what both paths leave in the store, as MLflow reads it back.
 """
 
@@ -22,6 +25,8 @@ from runner.preflight.sqlite_store import sqlite_path
 
 log = logging.getLogger("runner")
 LARGEST = 1.7976931348623157e308  # what MLflow stores for +/-inf (SQL has no infinity)
+LOCK_WAIT_SEC = 20.0
+BATCH = 1000  # MLflow's log_batch limit
 
 
 class SqliteMetrics:
@@ -35,7 +40,9 @@ class SqliteMetrics:
         self._sa = sqlalchemy
         self._metrics, self._latest, self._runs = SqlMetric.__table__, SqlLatestMetric.__table__, SqlRun.__table__
         self._insert = insert(self._metrics).on_conflict_do_nothing()
-        self._engine = sqlalchemy.create_engine(uri, pool_pre_ping=True)  # as MLflow's store makes its own
+        # MLflow's sessions wait 20 s for SQLite's lock (PRAGMA busy_timeout), not pysqlite's 5 s. Its foreign_keys=ON
+        # is not copied: a missing run is told by the run's row, below.
+        self._engine = sqlalchemy.create_engine(uri, pool_pre_ping=True, connect_args={"timeout": LOCK_WAIT_SEC})
         self._known: dict[str, set] = {}  # run id -> keys MLflow has taken (validated) for it
 
     @classmethod
@@ -48,18 +55,23 @@ class SqliteMetrics:
             log.debug("metric values go through MLflow's log_batch (%s: %s)", type(err).__name__, err)
             return None
 
-    def log(self, client, run_id: str, metrics) -> None:
-        """Store `metrics` ([key, value, timestamp, step] each) for `run_id`; what needs MLflow goes through
-        `client.log_batch`, and its errors are raised as they are."""
-        from mlflow.entities import Metric
+    def log(self, client, run_id: str, metrics, tags=()) -> None:
+        """Store `metrics` ([key, value, timestamp, step] each) and `tags` ([key, value] each) for `run_id`; what
+        needs MLflow goes through `client.log_batch`, and its errors are raised as they are."""
+        import mlflow
+        from mlflow.entities import Metric, RunTag
 
+        tags = [RunTag(*t) for t in tags]
+        if mlflow.get_active_model_id() is not None or not _plain(metrics):
+            client.log_batch(run_id, metrics=[Metric(*m) for m in metrics], tags=tags)
+            return
         known = self._known.setdefault(run_id, set())
         first = {}
         for m in metrics:
             if m[0] not in known:
                 first.setdefault(m[0], m)
-        if first:
-            client.log_batch(run_id, metrics=[Metric(*m) for m in first.values()])
+        if first or tags:
+            client.log_batch(run_id, metrics=[Metric(*m) for m in first.values()], tags=tags)
             known.update(first)
         if not self._write(run_id, metrics):
             client.log_batch(run_id, metrics=[Metric(*m) for m in metrics])  # raises MLflow's error for that run
@@ -82,8 +94,7 @@ class SqliteMetrics:
                 newest[key] = row
         sa, latest = self._sa, self._latest
         with self._engine.connect() as conn:
-            # The insert first: it takes SQLite's write lock waiting as long as the store's timeout allows, where a
-            # read first would give up at once when another writer holds it.
+            # The insert first: the run's state is then read under the write lock, so no delete slips in between.
             conn.execute(self._insert, rows)
             stage = conn.execute(sa.select(self._runs.c.lifecycle_stage).where(self._runs.c.run_uuid == run_id)).scalar()
             if stage != "active":
@@ -103,6 +114,19 @@ class SqliteMetrics:
                     )
             conn.commit()
         return True
+
+
+def _plain(metrics) -> bool:
+    """Whether every row is what RunLog sends, which MLflow would take as it is."""
+    if len(metrics) > BATCH:
+        return False
+    for row in metrics:
+        if len(row) != 4:
+            return False
+        _, value, timestamp, step = row
+        if type(value) not in (float, int) or type(timestamp) is not int or timestamp < 0 or type(step) is not int:
+            return False
+    return True
 
 
 def _order(row: dict) -> tuple:
