@@ -50,7 +50,7 @@ def _held(client, uri, run_id):
     return history, latest, rows
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=BATCHES)
 @example(batches=[[("loss", float("nan"), 1, 2)], [("loss", 0.0, 1, 2)]])  # a tie: the first stays the latest
 @example(batches=[[("loss", float("inf"), 1, 2), ("loss", -float("inf"), 1, 2), ("loss", 5.0, 1, 2)], [("loss", 5.0, 1, 2)]])
