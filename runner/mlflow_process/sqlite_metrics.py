@@ -21,12 +21,12 @@ tests/unit/mlflow_process/test_sqlite_metrics.py compares what both paths leave 
 import logging
 import math
 
+from runner.mlflow_process.delivery import BATCH  # MLflow's log_batch limit
 from runner.preflight.sqlite_store import sqlite_path
 
 log = logging.getLogger("runner")
 LARGEST = 1.7976931348623157e308  # what MLflow stores for +/-inf (SQL has no infinity)
 LOCK_WAIT_SEC = 20.0
-BATCH = 1000  # MLflow's log_batch limit
 
 
 class SqliteMetrics:
