@@ -31,7 +31,7 @@ import sys  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
-from runner.config.suggest import unquoted_non_ascii_problem  # noqa: E402
+from runner.config.suggest import command_problem, unreadable_override_problem  # noqa: E402
 from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
 
@@ -40,9 +40,9 @@ def cli() -> None:
     """What runs before Hydra: resume='s saved overrides, and the checks of directories Hydra writes into first."""
     try:
         sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
-        problem = (
-            unquoted_non_ascii_problem(sys.argv[1:]) or output_dir_problem(sys.argv[1:]) or claim_from_command_line(sys.argv[1:])
-        )
+        argv = sys.argv[1:]
+        checks = (command_problem, unreadable_override_problem, output_dir_problem, claim_from_command_line)
+        problem = next((text for check in checks if (text := check(argv))), "")
     except ConfigError as err:
         problem = str(err)
     if problem:
