@@ -31,7 +31,7 @@ import sys  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
-from runner.config.suggest import command_problem, unreadable_override_problem  # noqa: E402
+from runner.config.command_line import command_problem, unreadable_override_problem  # noqa: E402
 from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
 

@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import hydra_private, layout, registry, schema
+from runner.config import command_line, hydra_private, layout, registry, schema
 from runner.config.validate import validate
 from runner.control import claims, contract
 from runner.control.stopping import Stopped
@@ -55,7 +55,7 @@ def output_dir_problem(argv) -> str:
         return ""
     sweep = "-m" in argv or "--multirun" in argv
     keys = ("hydra.sweep.dir=",) if sweep else ("hydra.run.dir=", "resume=")
-    given = [a.split("=", 1) for a in argv if a.startswith(keys)]
+    given = [(a.split("=", 1)[0], command_line.value_of(a)) for a in argv if a.startswith(keys)]  # quotes taken off
     default = (
         ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
     )
@@ -86,11 +86,11 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
     if "-m" in argv or "--multirun" in argv:
         return argv
     at = max((i for i, a in enumerate(argv) if a.startswith("resume=")), default=None)
-    if at is None or not argv[at].split("=", 1)[1]:
+    if at is None or not command_line.value_of(argv[at]):
         return argv
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    directory = argv[at].split("=", 1)[1]
+    directory = command_line.value_of(argv[at])  # resume='/srv/a b': as Hydra reads it
     path = os.path.join(directory, layout.HYDRA_DIR, "overrides.yaml")
     if not os.path.isfile(path):
         return argv  # not a run directory (or not one of the runner's): resume= is checked and refused later

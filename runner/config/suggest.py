@@ -1,18 +1,16 @@
 """Names a user mistyped, said as one paragraph with the closest real ones: an unknown key (`train.epoch` -> did you
-mean train.epochs?), a key of another option than the one selected, a group option with no config file, an override
-Hydra refused, and an override Hydra's grammar cannot read (a value it takes only quoted). Pure: the composed config and the
+mean train.epochs?), a key of another option than the one selected, a group option with no config file, and an override
+Hydra refused. Pure: the composed config and the
 registry in, text out. The check that refuses an unknown key is `validate.no_unknown_keys`; `hydra_private` asks here
 for what Hydra refused while composing.
 """
 
 import dataclasses
 import difflib
-import shlex
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import registry
-from runner.config.redact import redact
 
 
 def unknown_keys(node, prefix: str = "") -> list[tuple[str, list[str]]]:
@@ -109,78 +107,3 @@ def option_problem(group: str, name: str, options, hydra_says: str, searched=())
     text += f": did you mean {' or '.join(f'{group}={c}' for c in close)}?" if close else ", and no option has a similar name."
     where = f"; searched {', '.join(searched)}" if searched else ""
     return f"{text} The options of {group} are: {', '.join(options)}. Nothing ran (Hydra: {hydra_says}{where})."
-
-
-VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package")
-
-
-def unreadable_override_problem(argv) -> str:
-    """An override Hydra's grammar cannot read, named, with what Hydra says and the form that works; '' when every
-    override parses. Hydra's own error names neither the override nor the fix (`mismatched input '=' expecting
-    <EOF>` for `mlflow.tracking_uri=postgresql://h/db?sslmode=require`). A text value with characters the grammar
-    keeps for itself (`=`, `?`'s query, spaces, quotes, characters beyond ASCII) reads inside quotes; a list or dict
-    is shown its syntax instead, since quoting it would make it a string."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    after_flag = {i + 1 for i, a in enumerate(argv) if a in VALUE_FLAGS}  # `-cn name`: a flag's value, no override
-    overrides = [a for i, a in enumerate(argv) if "=" in a and not a.startswith("-") and i not in after_flag]
-    parser = OverridesParser.create()
-    try:
-        parser.parse_overrides(overrides)
-        return ""
-    except HydraException:
-        pass
-    for arg in overrides:
-        try:
-            parser.parse_overrides([arg])
-            continue
-        except HydraException as err:
-            hydra_says = str(err).split("\n")[0].strip()
-        key, _, value = arg.partition("=")
-        quote = "'" if "'" not in value else '"'
-        quoted = f"{key}={quote}{value}{quote}"
-        if value.lstrip()[:1] in ("[", "{") or not _reads_as(parser, quoted, value):
-            return redact(
-                f"{arg} is not an override Hydra can read ({hydra_says}): a list is key=[a,b], a dict key={{k: v}}, "
-                "and text with characters such as = , [ ] { } ( ) or spaces goes inside quotes; see "
-                "https://hydra.cc/docs/advanced/override_grammar/basic/. Nothing ran."
-            )
-        shell = f'"{quoted}"' if quote == "'" and not set(value) & set('$`"\\!') else shlex.quote(quoted)
-        why = "characters beyond ASCII" if not value.isascii() else "characters its grammar keeps for itself"
-        return redact(
-            f"{arg}: Hydra's override grammar takes a value with {why} only inside quotes ({hydra_says}). Write "
-            f"{quoted} (in a shell: {shell}); nothing ran."
-        )
-    return ""
-
-
-HYDRA_COMMANDS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg",
-                  "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
-                  "--shell-completion": "--shell-completion"}  # fmt: skip
-
-
-def command_problem(argv) -> str:
-    """Two of Hydra's commands on one line (`-m --cfg job`): Hydra raises a ValueError there, a traceback."""
-    given = list(dict.fromkeys(HYDRA_COMMANDS[a.split("=")[0]] for a in argv if a.split("=")[0] in HYDRA_COMMANDS))
-    if len(given) < 2:
-        return ""
-    hint = (
-        " To see one job of a sweep, pass that job's overrides with --cfg job and no -m."
-        if "--multirun" in given and "--cfg" in given
-        else ""
-    )
-    return (
-        f"{' and '.join(given)} cannot be used together: Hydra does one of --run, --multirun, --cfg, --info and "
-        f"--shell-completion per command.{hint} Nothing ran."
-    )
-
-
-def _reads_as(parser, override: str, value: str) -> bool:
-    """Whether Hydra reads `override` as the text `value` (not only: parses it)."""
-    from hydra.errors import HydraException
-
-    try:
-        return parser.parse_override(override).value() == value
-    except HydraException:
-        return False

@@ -111,7 +111,10 @@ def claim_from_command_line(argv) -> str:
     # (parameter_server always has a chief). An unreadable TF_CONFIG is not asked: validation explains it.
     if os.environ.get("TF_CONFIG") and not layout.tf_config_chief("", os.environ["TF_CONFIG"]):
         return ""
-    given = {k: os.path.realpath(os.path.expanduser(v)) for k, _, v in (a.partition("=") for a in argv) if v}
+    from runner.config.command_line import value_of  # quotes taken off: the directory Hydra will use
+
+    values = [(a.partition("=")[0], value_of(a)) for a in argv if "=" in a]
+    given = {k: os.path.realpath(os.path.expanduser(v)) for k, v in values if v}
     resumed = given.get("resume")  # a directory that is not there is refused as such, later
     if resumed and os.path.isdir(resumed) and "hydra.run.dir" in given and resumed != given["hydra.run.dir"]:
         return (
@@ -119,8 +122,7 @@ def claim_from_command_line(argv) -> str:
             "resumed run continues in its own directory, where its checkpoints, log and MLflow run id are. Drop "
             "hydra.run.dir, or copy the directory where you want it and resume the copy."
         )
-    for arg in argv:
-        key, _, path = arg.partition("=")
+    for key, path in values:
         # resume= only of a runner's directory (.hydra/ there): any other is refused later and must stay untouched
         if key == "hydra.run.dir" and path or key == "resume" and path and os.path.isdir(os.path.join(path, layout.HYDRA_DIR)):
             try:

@@ -18,8 +18,6 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from runner.config import helptext, registry, schema, suggest, validate
 from runner.errors import ConfigError
@@ -421,53 +419,6 @@ def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_ru
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert done.stderr.startswith(f"Error: {override} cannot be used")
         assert time.monotonic() - started < 10  # before TensorFlow
-
-
-def _written(message: str) -> str:
-    """The override a message tells the user to write (`Write key='value' (in a shell: ...)`)."""
-    return re.search(r"Write (.*?) \(in a shell: ", message).group(1)
-
-
-def test_an_override_hydra_cannot_read_is_named_with_the_quoted_form_hydra_reads():
-    """Hydra's own error names neither the override nor the fix (`mismatched input '=' expecting <EOF>`)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    cases = {
-        "mlflow.tracking_uri=sqlite:///runs.db?timeout=20": "sqlite:///runs.db?timeout=20",  # a query's `=`
-        "data.path=/data/données.npz": "/data/données.npz",  # beyond ASCII
-        "mlflow.run_name=it's=1": "it's=1",  # a quote in it: the other quotes
-    }
-    for override, value in cases.items():
-        message = suggest.unreadable_override_problem(["train.epochs=1", override, "strategy=mirrored,default"])
-        assert message.startswith(f"{override}: ") and "\n" not in message, message
-        assert parser.parse_override(_written(message)).value() == value  # what it says to write reads as the value
-    password = suggest.unreadable_override_problem(["mlflow.tracking_uri=postgresql://me:s3cret@db/runs?sslmode=require"])
-    assert "s3cret" not in password and "postgresql://me:***@db/runs?sslmode=require" in password, password
-    broken = suggest.unreadable_override_problem(["model.hidden_units=[64,32"])  # quoted, a list would become text
-    assert broken.startswith("model.hidden_units=[64,32 is not an override Hydra can read") and "Write" not in broken
-    for fine in (["data.path='/data/données.npz'"], ["-cn", "a=b"], ["--cfg", "job", "strategy=mirrored,default"], []):
-        assert suggest.unreadable_override_problem(fine) == "", fine
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=12))
-def test_whatever_value_hydra_refuses_the_message_names_it_and_any_form_it_suggests_reads_back(value):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    message = suggest.unreadable_override_problem([f"mlflow.run_name={value}"])
-    if message:
-        assert message.startswith(f"mlflow.run_name={value}") and message.endswith(("nothing ran.", "Nothing ran."))
-        if "Write " in message:
-            assert OverridesParser.create().parse_override(_written(message)).value() == value
-
-
-def test_two_hydra_commands_on_one_line_are_one_error_naming_both():
-    """`-m --cfg job` is a ValueError in Hydra, printed as a traceback."""
-    message = suggest.command_problem(["-m", "--cfg", "job", "strategy=mirrored,default"])
-    assert message.startswith("--multirun and --cfg cannot be used together") and "--cfg job and no -m" in message
-    assert suggest.command_problem(["--info=config", "--run"]).startswith("--info and --run cannot")
-    assert suggest.command_problem(["-m", "strategy=mirrored,default"]) == suggest.command_problem(["--cfg=job"]) == ""
 
 
 @pytest.mark.slow  # end to end: `python -m runner` twice, before Hydra and TensorFlow

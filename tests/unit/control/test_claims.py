@@ -55,6 +55,8 @@ def test_a_directory_a_live_process_holds_is_refused_and_free_once_it_dies(tmp_p
         assert "for a new run, pass another hydra.run.dir" in message and f"resume={run_dir}" in message
         problem = claims.claim_from_command_line([f"resume={run_dir}"])  # before Hydra writes .hydra/ there
         assert problem.startswith(f"resume={run_dir} is in use: process {owner.pid} on this host is still running a run")
+        quoted = claims.claim_from_command_line([f"hydra.run.dir='{run_dir}'"])  # quoted: the same directory
+        assert quoted.startswith(f"hydra.run.dir={run_dir} is in use"), quoted
         assert claims.holder(str(run_dir)) == (f"process {owner.pid} on this host", "run")
     finally:
         owner.send_signal(signal.SIGKILL)
@@ -137,3 +139,5 @@ def test_resume_brings_back_the_first_commands_overrides(tmp_path):
     ]
     assert with_resumed_overrides([f"resume={tmp_path / 'nothing'}"]) == [f"resume={tmp_path / 'nothing'}"]
     assert with_resumed_overrides(["-m", f"resume={run_dir}"]) == ["-m", f"resume={run_dir}"]
+    quoted = f"resume='{run_dir}'"  # what the runner says to write for a path Hydra reads only quoted
+    assert with_resumed_overrides([quoted]) == ["train.epochs=100", "strategy=mirrored", "+extra.key=1", quoted]

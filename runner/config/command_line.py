@@ -1,0 +1,141 @@
+"""The command line as Hydra will read it, checked before Hydra runs: two of Hydra's commands at once, an override
+its grammar cannot read (each one paragraph instead of Hydra's traceback or its message without the override), and
+an override's value as Hydra reads it, for the runner's own checks before Hydra (quotes taken off)."""
+
+import functools
+import re
+import shlex
+
+from runner.config.redact import redact
+
+# Hydra's flags that take a value (hydra._internal.utils.get_args_parser): the word after one is not an override
+VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
+               "--experimental-rerun")  # fmt: skip
+COMMANDS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg",
+            "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+            "--shell-completion": "--shell-completion"}  # fmt: skip
+HELP_FLAGS = ("-h", "--help", "--hydra-help", "--version")  # Hydra answers these before it counts commands
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+@functools.cache
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def overrides_in(argv) -> list[str]:
+    """The words of `argv` that are key=value overrides (not flags, not a flag's value such as `-cd dir=x`)."""
+    after_flag = {i + 1 for i, a in enumerate(argv) if a in VALUE_FLAGS}
+    return [a for i, a in enumerate(argv) if "=" in a and not a.startswith("-") and i not in after_flag]
+
+
+def value_of(arg: str) -> str:
+    """The text Hydra reads as `key=value`'s value (`hydra.run.dir='/srv/a b'`: /srv/a b); the text after `=` as
+    written when Hydra reads no text there (a number, a sweep, an override it cannot read)."""
+    from hydra.errors import HydraException
+
+    raw = arg.partition("=")[2]
+    try:
+        value = _parser().parse_override(arg).value()
+    except (HydraException, ValueError, RecursionError):
+        return raw
+    return value if isinstance(value, str) else raw
+
+
+def command_problem(argv) -> str:
+    """Two of Hydra's commands on one line (`-m --cfg job`), or --resolve without --cfg: Hydra raises a ValueError
+    there, a traceback. '' otherwise, and with --help (Hydra prints help first)."""
+    if any(a in HELP_FLAGS for a in argv):
+        return ""
+    given = list(dict.fromkeys(COMMANDS[a.split("=")[0]] for a in argv if a.split("=")[0] in COMMANDS))
+    if "--resolve" in argv and "--cfg" not in given:
+        return (
+            "--resolve works with --cfg (job, hydra or all) or --help: it resolves interpolations in what they print. "
+            "Nothing ran."
+        )
+    if len(given) < 2:
+        return ""
+    both = {"--multirun", "--cfg"} <= set(given)
+    hint = " To see one job of a sweep, give --cfg job that job's overrides, without -m." if both else ""
+    return (
+        f"{' and '.join(given)} cannot be used together: Hydra does one of --run, --multirun, --cfg, --info and "
+        f"--shell-completion per command.{hint} Nothing ran."
+    )
+
+
+def unreadable_override_problem(argv) -> str:
+    """The first override Hydra's grammar cannot read, named with what Hydra says and, where quoting gives Hydra
+    exactly the text typed, the quoted form; '' when every override reads. Hydra's own message names neither
+    (`mismatched input '=' expecting <EOF>` for `mlflow.tracking_uri=postgresql://h/db?sslmode=require`). A
+    function (`choice(...)`), list or dict is not quoted: quotes would make it a string."""
+    from hydra.errors import HydraException
+
+    overrides = overrides_in(argv)
+    try:
+        _parser().parse_overrides(overrides)
+        return ""
+    except (HydraException, ValueError, RecursionError):
+        pass
+    sweep = "-m" in argv or "--multirun" in argv
+    for arg in overrides:
+        try:
+            _parser().parse_overrides([arg])
+            continue
+        except (HydraException, ValueError, RecursionError) as err:
+            said = [line.strip() for line in str(err).splitlines() if line.strip(" ^") and "hydra.cc" not in line]
+        key, _, value = arg.partition("=")
+        hydra_says = "; ".join(line for line in said if arg not in line)[:400]  # the lexer's lines repeat the override
+        written = None if said and said[0].startswith("Error parsing override") else _quoted(key, value, sweep)
+        if written is None:
+            text = (
+                f"{arg} is not an override Hydra can read{f' ({hydra_says})' if hydra_says else ''}. A list is "
+                "key=[a,b], a dict key={k: v}, a sweep key=a,b (with -m), and text with characters the grammar keeps "
+                f"for itself (= ? , [ ] {{ }} ( ) quotes, characters beyond ASCII) goes inside quotes: key='text'. See "
+                f"{GRAMMAR}. Nothing ran."
+            )
+        else:
+            parts = _parts(value, sweep)
+            what = f"the sweep over {', '.join(parts)}" if len(parts) > 1 else f"the text {value}"
+            why = "characters beyond ASCII" if not value.isascii() else "characters its grammar keeps for itself"
+            text = (
+                f"{arg}: Hydra's override grammar reads a value with {why} only inside quotes"
+                f"{f' ({hydra_says})' if hydra_says else ''}. For {what}, write {written} (in a shell: {_shell(written)}); "
+                "nothing ran."
+            )
+        masked = redact(text)
+        return masked if masked == text else masked + " A password is shown as ***: write yours in its place."
+    return ""
+
+
+def _parts(value: str, sweep: bool) -> list[str]:
+    return value.split(",") if sweep and "," in value else [value]
+
+
+def _quoted(key: str, value: str, sweep: bool) -> str | None:
+    """`key=` and `value` quoted (each value of a -m sweep on its own) when Hydra reads that back as exactly the text
+    typed; None when it would not, or when the value is a function, list or dict."""
+    from hydra.errors import HydraException
+
+    if value.lstrip()[:1] in ("[", "{") or re.match(r"\s*[A-Za-z_]\w*\s*\(", value):
+        return None
+    parts = _parts(value, sweep)
+    quoted = []
+    for part in parts:
+        quote = next((q for q in ("'", '"') if q not in part), None)
+        if quote is None:
+            return None
+        quoted.append(f"{quote}{part}{quote}")
+    written = f"{key}={','.join(quoted)}"
+    try:
+        read = _parser().parse_override(written).value()
+    except (HydraException, ValueError, RecursionError):
+        return None
+    read = [getattr(item, "text", item) for item in read.list] if hasattr(read, "list") else [read]  # a sweep's QuotedStrings
+    return written if read == parts else None
+
+
+def _shell(written: str) -> str:
+    """`written` as one shell word: in double quotes where nothing in it expands there, else as shlex quotes it."""
+    return f'"{written}"' if not set(written) & set('$`"\\!') else shlex.quote(written)

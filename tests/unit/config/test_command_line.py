@@ -1,0 +1,98 @@
+"""runner/config/command_line.py: the command line checked before Hydra reads it, against Hydra's own parser."""
+
+import re
+import shlex
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runner.config import command_line
+
+PARSER = OverridesParser.create()
+
+
+def _written(message: str) -> str:
+    """The override a message tells the user to write (`write key='value' (in a shell: ...)`), checked to be what
+    the shell form gives as one word."""
+    found = re.search(r", write (.*?) \(in a shell: (.*?)\); nothing ran", message)
+    assert found, message
+    assert shlex.split(found.group(2)) == [found.group(1)], message
+    return found.group(1)
+
+
+def _reads(override: str):
+    value = PARSER.parse_override(override).value()
+    return [getattr(item, "text", item) for item in value.list] if hasattr(value, "list") else value
+
+
+def test_an_override_hydra_cannot_read_is_named_with_the_quoted_form_hydra_reads_back():
+    """Hydra's own error names neither the override nor the fix (`mismatched input '=' expecting <EOF>`)."""
+    cases = {
+        "mlflow.tracking_uri=sqlite:///runs.db?timeout=20": "sqlite:///runs.db?timeout=20",  # a query's `=`
+        "data.path=/data/données.npz": "/data/données.npz",  # beyond ASCII
+        "mlflow.run_name=it's=1": "it's=1",  # a quote in it: the other quotes
+        "mlflow.run_name=a$b=c": "a$b=c",  # `$` would expand in a shell's double quotes
+    }
+    for override, value in cases.items():
+        message = command_line.unreadable_override_problem(["train.epochs=1", override, "strategy=mirrored,default"])
+        assert message.startswith(f"{override}: ") and "\n" not in message, message
+        assert _reads(_written(message)) == value
+    sweep = command_line.unreadable_override_problem(["-m", "data.path=/d/données1.npz,/d/données2.npz"])
+    assert _reads(_written(sweep)) == ["/d/données1.npz", "/d/données2.npz"], sweep  # still two jobs
+    password = command_line.unreadable_override_problem(["mlflow.tracking_uri=postgresql://me:s3cret@db/runs?sslmode=require"])
+    assert "s3cret" not in password and "postgresql://me:***@db/runs?sslmode=require" in password, password
+    assert password.endswith("write yours in its place.")
+
+
+def test_a_broken_list_or_function_is_not_turned_into_text():
+    for override, hydra_says in (("model.hidden_units=[64,32", "no viable alternative"), ("lr=choise(0.1,0.01)", "choise")):
+        message = command_line.unreadable_override_problem(["-m", override])
+        assert message.startswith(f"{override} is not an override Hydra can read") and "write" not in message, message
+        assert hydra_says in message, message  # Hydra's own reason, kept
+
+
+def test_what_hydra_reads_passes():
+    for argv in (
+        ["data.path='/data/données.npz'"], ["-cn", "a=b"], ["-cd", "x=y"], ["--experimental-rerun", "out/lr=0.1/c.pickle"],
+        ["--cfg", "job", "strategy=mirrored,default"], [], ["+train.x=", "~train.y", "~mlflow.run_name=a", "train.epochs="],
+        ["hydra/launcher=basic"], ["-m", "train.seed=range(1,3)", "strategy=glob(*)"], ["hydra.run.dir=out/${now:%H}"],
+        ["--config-dir=/a=b"],
+    ):  # fmt: skip
+        assert command_line.unreadable_override_problem(argv) == "", argv
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=12), st.booleans())
+def test_a_value_is_refused_exactly_when_hydra_cannot_read_it_and_any_form_suggested_reads_back(value, sweep):
+    override = f"mlflow.run_name={value}"
+    try:
+        PARSER.parse_overrides([override])
+        readable = True
+    except HydraException:
+        readable = False
+    message = command_line.unreadable_override_problem([*(["-m"] if sweep else []), override])
+    assert bool(message) is not readable, message
+    if message and ", write " in message:
+        parts = value.split(",") if sweep and "," in value else [value]
+        assert _reads(_written(message)) == (parts if len(parts) > 1 else value)
+
+
+def test_an_override_value_as_hydra_reads_it():
+    assert command_line.value_of("hydra.run.dir='/srv/a b'") == "/srv/a b"
+    assert command_line.value_of('resume="out/lr=0.1"') == "out/lr=0.1"
+    assert command_line.value_of("resume=outputs/x") == "outputs/x"
+    assert command_line.value_of("train.epochs=3") == "3"  # not text: as typed
+    assert command_line.value_of("hydra.run.dir=a?b=c") == "a?b=c"  # unreadable: as typed
+
+
+def test_two_hydra_commands_on_one_line_are_one_error_naming_both():
+    """`-m --cfg job` is a ValueError in Hydra, printed as a traceback."""
+    message = command_line.command_problem(["-m", "--cfg", "job", "strategy=mirrored,default"])
+    assert message.startswith("--multirun and --cfg cannot be used together") and "without -m" in message
+    assert command_line.command_problem(["--info=config", "--run"]).startswith("--info and --run cannot")
+    assert command_line.command_problem(["--resolve"]).startswith("--resolve works with --cfg")
+    helped = (["--help", "-m", "--cfg", "job"], ["--hydra-help", "-m", "-c", "job"])  # Hydra prints help first
+    for fine in (["-m", "a=1,2"], ["--cfg=job", "--resolve"], *helped):
+        assert command_line.command_problem(fine) == "", fine
