@@ -55,11 +55,14 @@ def output_dir_problem(argv) -> str:
         return ""
     sweep = "-m" in argv or "--multirun" in argv
     keys = ("hydra.sweep.dir=",) if sweep else ("hydra.run.dir=", "resume=")
-    given = [(a.split("=", 1)[0], command_line.value_of(a)) for a in argv if a.startswith(keys)]  # quotes taken off
+    given = [(a.split("=", 1)[0], command_line.path_of(a)) for a in argv if a.startswith(keys)]  # quotes taken off
+    given = [(key, path) for key, path in given if path != ""]  # resume= / resume=null: a new run
     default = (
         ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
     )
     key, path = given[-1] if given else default
+    if path is None:  # known once Hydra composes it (${now:...}), or no path: Hydra says what is wrong
+        return ""
     if key == "resume" and not os.path.isdir(os.path.expanduser(path)):
         from runner.preflight.needs import no_resume_dir
 
@@ -86,11 +89,11 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
     if "-m" in argv or "--multirun" in argv:
         return argv
     at = max((i for i, a in enumerate(argv) if a.startswith("resume=")), default=None)
-    if at is None or not command_line.value_of(argv[at]):
+    directory = command_line.path_of(argv[at]) if at is not None else None  # resume='/srv/a b': as Hydra reads it
+    if not directory:
         return argv
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    directory = command_line.value_of(argv[at])  # resume='/srv/a b': as Hydra reads it
     path = os.path.join(directory, layout.HYDRA_DIR, "overrides.yaml")
     if not os.path.isfile(path):
         return argv  # not a run directory (or not one of the runner's): resume= is checked and refused later

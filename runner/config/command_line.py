@@ -1,6 +1,7 @@
 """The command line as Hydra will read it, checked before Hydra runs: two of Hydra's commands at once, an override
 its grammar cannot read (each one paragraph instead of Hydra's traceback or its message without the override), and
-an override's value as Hydra reads it, for the runner's own checks before Hydra (quotes taken off)."""
+a directory override's value as the path Hydra will use, for the runner's own checks before Hydra (quotes taken
+off)."""
 
 import functools
 import re
@@ -31,31 +32,33 @@ def overrides_in(argv) -> list[str]:
     return [a for i, a in enumerate(argv) if "=" in a and not a.startswith("-") and i not in after_flag]
 
 
-def value_of(arg: str) -> str:
-    """The text Hydra reads as `key=value`'s value (`hydra.run.dir='/srv/a b'`: /srv/a b); the text after `=` as
-    written when Hydra reads no text there (a number, a sweep, an override it cannot read)."""
+def path_of(arg: str) -> str | None:
+    """A directory override's value (resume=, hydra.run.dir=) as the path Hydra will use, for the checks that run
+    before it: "" for none (resume=, resume=null); None when it is known only once Hydra has composed it (an
+    interpolation such as ${now:%H-%M-%S}) or is no path at all (a sweep, a list, an override Hydra cannot read)."""
     from hydra.errors import HydraException
 
-    raw = arg.partition("=")[2]
     try:
         value = _parser().parse_override(arg).value()
     except (HydraException, ValueError, RecursionError):
-        return raw
-    return value if isinstance(value, str) else raw
+        return None
+    if value is None:
+        return ""
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or "${" in str(value):
+        return None
+    return value if isinstance(value, str) else arg.partition("=")[2]
 
 
 def command_problem(argv) -> str:
     """Two of Hydra's commands on one line (`-m --cfg job`), or --resolve without --cfg: Hydra raises a ValueError
     there, a traceback. '' otherwise, and with --help (Hydra prints help first)."""
-    if any(a in HELP_FLAGS for a in argv):
-        return ""
     given = list(dict.fromkeys(COMMANDS[a.split("=")[0]] for a in argv if a.split("=")[0] in COMMANDS))
-    if "--resolve" in argv and "--cfg" not in given:
+    if "--resolve" in argv and "--cfg" not in given and not {"-h", "--help"} & set(argv):  # before --hydra-help
         return (
             "--resolve works with --cfg (job, hydra or all) or --help: it resolves interpolations in what they print. "
             "Nothing ran."
         )
-    if len(given) < 2:
+    if len(given) < 2 or any(a in HELP_FLAGS for a in argv):
         return ""
     both = {"--multirun", "--cfg"} <= set(given)
     hint = " To see one job of a sweep, give --cfg job that job's overrides, without -m." if both else ""

@@ -7,6 +7,12 @@ import re
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 _URI_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
+# a query parameter named like a secret (?password=..., &access_token=...): its value, up to a quote, a comma, a
+# parenthesis or a colon that ends a sentence
+_QUERY_SECRET = re.compile(
+    r"""(?P<name>[?&;][^=&#\s?;]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)[^=&#\s?;]*=)(?:[^&#\s;'"),:]|:(?!\s|$))+""",
+    re.IGNORECASE,
+)
 MASK = "***"
 
 
@@ -16,12 +22,13 @@ def is_secret_name(name: str) -> bool:
 
 def redact_uri(text: str) -> str:
     """http://user:pass@host -> http://user:***@host, and http://token@host -> http://***@host: a user part with
-    no password is how a token is given (anywhere in the text)."""
+    no password is how a token is given (anywhere in the text); ?password=s3cret -> ?password=*** for any query
+    parameter named like a secret."""
 
     def mask(m) -> str:
         return f"{m['scheme']}{m['user']}:{MASK}@" if m.group(3) is not None else f"{m['scheme']}{MASK}@"
 
-    return _URI_CREDENTIALS.sub(mask, str(text))
+    return _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", _URI_CREDENTIALS.sub(mask, str(text)))
 
 
 def _secret_values():

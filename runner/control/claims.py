@@ -111,9 +111,9 @@ def claim_from_command_line(argv) -> str:
     # (parameter_server always has a chief). An unreadable TF_CONFIG is not asked: validation explains it.
     if os.environ.get("TF_CONFIG") and not layout.tf_config_chief("", os.environ["TF_CONFIG"]):
         return ""
-    from runner.config.command_line import value_of  # quotes taken off: the directory Hydra will use
+    from runner.config.command_line import path_of  # quotes taken off: the directory Hydra will use (None: not known)
 
-    values = [(a.partition("=")[0], value_of(a)) for a in argv if "=" in a]
+    values = [(a.partition("=")[0], path_of(a)) for a in argv if "=" in a]
     given = {k: os.path.realpath(os.path.expanduser(v)) for k, v in values if v}
     resumed = given.get("resume")  # a directory that is not there is refused as such, later
     if resumed and os.path.isdir(resumed) and "hydra.run.dir" in given and resumed != given["hydra.run.dir"]:

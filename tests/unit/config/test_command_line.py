@@ -79,12 +79,15 @@ def test_a_value_is_refused_exactly_when_hydra_cannot_read_it_and_any_form_sugge
         assert _reads(_written(message)) == (parts if len(parts) > 1 else value)
 
 
-def test_an_override_value_as_hydra_reads_it():
-    assert command_line.value_of("hydra.run.dir='/srv/a b'") == "/srv/a b"
-    assert command_line.value_of('resume="out/lr=0.1"') == "out/lr=0.1"
-    assert command_line.value_of("resume=outputs/x") == "outputs/x"
-    assert command_line.value_of("train.epochs=3") == "3"  # not text: as typed
-    assert command_line.value_of("hydra.run.dir=a?b=c") == "a?b=c"  # unreadable: as typed
+def test_a_directory_override_as_the_path_hydra_will_use():
+    assert command_line.path_of("hydra.run.dir='/srv/a b'") == "/srv/a b"
+    assert command_line.path_of('resume="out/lr=0.1"') == "out/lr=0.1"
+    assert command_line.path_of("resume=outputs/x") == "outputs/x"
+    assert command_line.path_of("hydra.run.dir=3") == "3"
+    for none in ("resume=", "resume=null", "resume=''"):  # a new run
+        assert command_line.path_of(none) == "", none
+    for later in ("hydra.run.dir=runs/${now:%H-%M-%S}", "hydra.run.dir=x1,x2", "hydra.run.dir=[a,b]", "hydra.run.dir=a?b=c"):
+        assert command_line.path_of(later) is None, later  # known once Hydra composes it, or no path at all
 
 
 def test_two_hydra_commands_on_one_line_are_one_error_naming_both():
@@ -93,6 +96,7 @@ def test_two_hydra_commands_on_one_line_are_one_error_naming_both():
     assert message.startswith("--multirun and --cfg cannot be used together") and "without -m" in message
     assert command_line.command_problem(["--info=config", "--run"]).startswith("--info and --run cannot")
     assert command_line.command_problem(["--resolve"]).startswith("--resolve works with --cfg")
+    assert command_line.command_problem(["--hydra-help", "--resolve"]).startswith("--resolve")  # Hydra checks it first
     helped = (["--help", "-m", "--cfg", "job"], ["--hydra-help", "-m", "-c", "job"])  # Hydra prints help first
-    for fine in (["-m", "a=1,2"], ["--cfg=job", "--resolve"], *helped):
+    for fine in (["-m", "a=1,2"], ["--cfg=job", "--resolve"], ["--help", "--resolve"], *helped):
         assert command_line.command_problem(fine) == "", fine

@@ -38,6 +38,9 @@ def test_ordinary_names(name):
         ("from http://a:x@h1 to https://b:y@h2 now", "from http://a:***@h1 to https://b:***@h2 now"),
         # a token as the whole user part, no password: the token itself is masked
         ("https://ghp_0123456789abcdef@mlflow.example.com", "https://***@mlflow.example.com"),
+        # a query parameter named like a secret
+        ("postgresql://db/mlflow?user=bob&password=s3cr3t", "postgresql://db/mlflow?user=bob&password=***"),
+        ("https://h/api?access_token=ghp_abc&x=1", "https://h/api?access_token=***&x=1"),
     ],
 )
 def test_uri_credentials_are_masked(text, expected):
@@ -45,7 +48,8 @@ def test_uri_credentials_are_masked(text, expected):
 
 
 @pytest.mark.parametrize(
-    "text", ["sqlite:///mlflow.db", "http://127.0.0.1:5000", "http://host:5000/models/m@v2", "user@example.com", "no uri"]
+    "text",
+    ["sqlite:///mlflow.db?timeout=20", "http://127.0.0.1:5000", "http://host:5000/models/m@v2", "user@example.com", "no uri"],
 )
 def test_text_without_uri_credentials_is_unchanged(text):
     assert redact_uri(text) == text

@@ -57,6 +57,8 @@ def test_a_directory_a_live_process_holds_is_refused_and_free_once_it_dies(tmp_p
         assert problem.startswith(f"resume={run_dir} is in use: process {owner.pid} on this host is still running a run")
         quoted = claims.claim_from_command_line([f"hydra.run.dir='{run_dir}'"])  # quoted: the same directory
         assert quoted.startswith(f"hydra.run.dir={run_dir} is in use"), quoted
+        later = [f"hydra.run.dir={tmp_path}/runs/${{now:%H}}", f"hydra.run.dir={tmp_path}/x1,{tmp_path}/x2"]
+        assert claims.claim_from_command_line(later) == "" and sorted(os.listdir(tmp_path)) == ["run"]  # Hydra's to make
         assert claims.holder(str(run_dir)) == (f"process {owner.pid} on this host", "run")
     finally:
         owner.send_signal(signal.SIGKILL)
