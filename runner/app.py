@@ -42,8 +42,6 @@ def run_dir(resume, by_clock: str) -> str:
 OmegaConf.register_new_resolver("runner.run_dir", run_dir, replace=True, use_cache=True)
 OmegaConf.register_new_resolver("runner.fresh_dir", claims.fresh_dir, replace=True, use_cache=True)
 
-CONFIG_ONLY = claims.CONFIG_ONLY
-
 
 hydra_private.install()  # Hydra's messages for configs it cannot compose, in one paragraph
 
@@ -51,7 +49,7 @@ hydra_private.install()  # Hydra's messages for configs it cannot compose, in on
 def output_dir_problem(argv) -> str:
     """Hydra creates the run (or sweep) directory before any runner code runs, and a directory it cannot create
     ends in its traceback: check it first. Returns the error, or ''."""
-    if any(a in CONFIG_ONLY for a in argv):
+    if command_line.config_only(argv):
         return ""
     sweep = "-m" in argv or "--multirun" in argv
     keys = ("hydra.sweep.dir=",) if sweep else ("hydra.run.dir=", "resume=")

@@ -12,11 +12,21 @@ from runner.config.redact import redact
 # Hydra's flags that take a value (hydra._internal.utils.get_args_parser): the word after one is not an override
 VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
                "--experimental-rerun")  # fmt: skip
-COMMANDS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg",
-            "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
-            "--shell-completion": "--shell-completion"}  # fmt: skip
-HELP_FLAGS = ("-h", "--help", "--hydra-help", "--version")  # Hydra answers these before it counts commands
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
+
+
+def config_only(argv) -> bool:
+    """Whether Hydra only prints (help, config, info) for `argv`: nothing runs, nothing is to be created. Hydra's
+    flags as its own parser reads them, so `--cfg=job`, `-cjob` and `--info=searchpath` count too."""
+    if any(a in CONFIG_ONLY for a in argv):
+        return True
+    if not any(a.startswith("-") for a in argv):
+        return False
+    from runner.config.hydra_private import hydra_args
+
+    args = hydra_args(argv)
+    return bool(args) and bool(args.help or args.hydra_help or args.cfg or args.info is not None or args.shell_completion)
 
 
 @functools.cache
@@ -50,15 +60,24 @@ def path_of(arg: str) -> str | None:
 
 
 def command_problem(argv) -> str:
-    """Two of Hydra's commands on one line (`-m --cfg job`), or --resolve without --cfg: Hydra raises a ValueError
-    there, a traceback. '' otherwise, and with --help (Hydra prints help first)."""
-    given = list(dict.fromkeys(COMMANDS[a.split("=")[0]] for a in argv if a.split("=")[0] in COMMANDS))
-    if "--resolve" in argv and "--cfg" not in given and not {"-h", "--help"} & set(argv):  # before --hydra-help
+    """Two of Hydra's commands on one line (`-m --cfg job`, `--multi -cjob`), or --resolve without --cfg: Hydra raises
+    a ValueError there, a traceback. '' otherwise, and with --help (Hydra prints help first). The flags as Hydra's own
+    parser reads them: abbreviated and attached forms included."""
+    from runner.config.hydra_private import hydra_args
+
+    args = hydra_args(argv)
+    if args is None:
+        return ""
+    if args.resolve and not args.cfg and not args.help:  # Hydra checks this before --hydra-help
         return (
             "--resolve works with --cfg (job, hydra or all) or --help: it resolves interpolations in what they print. "
             "Nothing ran."
         )
-    if len(given) < 2 or any(a in HELP_FLAGS for a in argv):
+    if args.help or args.hydra_help:
+        return ""
+    given = [name for name, on in (("--run", args.run), ("--multirun", args.multirun), ("--cfg", args.cfg),
+             ("--info", args.info is not None), ("--shell-completion", args.shell_completion)) if on]  # fmt: skip
+    if len(given) < 2:
         return ""
     both = {"--multirun", "--cfg"} <= set(given)
     hint = " To see one job of a sweep, give --cfg job that job's overrides, without -m." if both else ""

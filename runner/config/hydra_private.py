@@ -16,6 +16,7 @@ import os
 
 CONFIG_REPOSITORY = "hydra._internal.config_repository.ConfigRepository"  # .load_config(self, config_path)
 CONFIG_LOADER = "hydra._internal.config_loader_impl.ConfigLoaderImpl"  # .load_configuration, ._apply_overrides_to_config
+ARGS_PARSER = "hydra._internal.utils.get_args_parser"  # Hydra's argparse parser of its own flags
 _MARK = "_runner_hook"
 
 
@@ -130,3 +131,21 @@ def _suggest_close_names() -> None:
     setattr(load_configuration, _MARK, True)
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply_overrides)
     ConfigLoaderImpl.load_configuration = load_configuration
+
+
+def hydra_args(argv):
+    """`argv` as Hydra's own argparse parser reads its flags (abbreviated `--multi`, attached `-cjob` included), or
+    None when that parser is not where it was or refuses them (Hydra then says why itself)."""
+    import contextlib
+    import io
+
+    try:
+        from hydra._internal.utils import get_args_parser
+    except ImportError:
+        return None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args, _ = get_args_parser().parse_known_args(list(argv))
+    except (SystemExit, Exception):  # argparse's own usage error (or --version): Hydra prints it
+        return None
+    return args

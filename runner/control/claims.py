@@ -17,10 +17,10 @@ import os
 import socket
 import sys
 
+from runner.config.command_line import config_only
 from runner.errors import ConfigError
 
 LOCK_FILE = ".runner.lock"
-CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
 
 _held: dict[str, int] = {}  # directory -> the open lock file's descriptor, kept for the life of this process
 _fresh: dict[str, str] = {}  # default name asked for -> the directory this process was given
@@ -31,7 +31,7 @@ def fresh_dir(path: str) -> str:
     The same answer for the same `path` within a process (Hydra resolves its directories several times)."""
     if path in _fresh:
         return _fresh[path]
-    if any(a in CONFIG_ONLY for a in sys.argv[1:]):
+    if config_only(sys.argv[1:]):
         return path  # --help, --cfg: nothing runs, nothing is created
     chosen = path
     try:
@@ -103,7 +103,7 @@ def claim_from_command_line(argv) -> str:
     from runner.config import layout
     from runner.control import contract
 
-    if any(a in CONFIG_ONLY for a in argv) or "-m" in argv or "--multirun" in argv:
+    if config_only(argv) or "-m" in argv or "--multirun" in argv:
         return ""
     if os.environ.get(contract.ATTACH_RUN) or os.environ.get("SLURM_STEP_ID"):
         return ""

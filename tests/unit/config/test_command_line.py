@@ -94,9 +94,19 @@ def test_two_hydra_commands_on_one_line_are_one_error_naming_both():
     """`-m --cfg job` is a ValueError in Hydra, printed as a traceback."""
     message = command_line.command_problem(["-m", "--cfg", "job", "strategy=mirrored,default"])
     assert message.startswith("--multirun and --cfg cannot be used together") and "without -m" in message
-    assert command_line.command_problem(["--info=config", "--run"]).startswith("--info and --run cannot")
+    assert command_line.command_problem(["--info=config", "--run"]).startswith("--run and --info cannot")
     assert command_line.command_problem(["--resolve"]).startswith("--resolve works with --cfg")
     assert command_line.command_problem(["--hydra-help", "--resolve"]).startswith("--resolve")  # Hydra checks it first
+    for abbreviated in (["--multi", "--cfg", "job"], ["-mc", "job"], ["-cjob", "-m"]):  # argparse's forms, as Hydra reads
+        assert command_line.command_problem(abbreviated).startswith("--multirun and --cfg cannot"), abbreviated
+    assert command_line.command_problem(["--reso"]).startswith("--resolve works with --cfg")
     helped = (["--help", "-m", "--cfg", "job"], ["--hydra-help", "-m", "-c", "job"])  # Hydra prints help first
-    for fine in (["-m", "a=1,2"], ["--cfg=job", "--resolve"], ["--help", "--resolve"], *helped):
+    for fine in (["-m", "a=1,2"], ["--cfg=job", "--resolve"], ["-cjob", "--resolve"], ["--help", "--resolve"], *helped):
         assert command_line.command_problem(fine) == "", fine
+
+
+def test_config_only_commands_are_seen_in_every_form_hydra_takes():
+    for argv in (["--cfg", "job"], ["--cfg=job"], ["-cjob"], ["--cf", "job"], ["--info=searchpath"], ["--hel"], ["-h"]):
+        assert command_line.config_only([*argv, "hydra.run.dir=x"]), argv
+    for argv in (["hydra.run.dir=x"], ["-m", "a=1,2"], ["resume=out/run"], []):
+        assert not command_line.config_only(argv), argv

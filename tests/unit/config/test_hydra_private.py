@@ -18,6 +18,9 @@ def test_the_private_names_exist_with_the_arguments_the_hooks_pass():
     assert list(inspect.signature(repository.load_config).parameters)[:2] == ["self", "config_path"]
     assert list(inspect.signature(loader._apply_overrides_to_config).parameters)[:2] == ["overrides", "cfg"]
     assert callable(loader.load_configuration)
+    args = hydra_private.hydra_args(["-m", "--cfg", "job", "--resolve", "a=1"])  # the flags command_line reads
+    assert _resolve(hydra_private.ARGS_PARSER) and args.multirun and args.cfg == "job" and args.resolve
+    assert not (args.run or args.help or args.hydra_help or args.shell_completion) and args.info is None
 
 
 def test_install_puts_each_hook_in_place_once():

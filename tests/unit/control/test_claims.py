@@ -41,6 +41,8 @@ def test_config_only_commands_create_no_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["runner", "--cfg", "hydra"])
     assert claims.fresh_dir(str(tmp_path / "never")) == str(tmp_path / "never")
     assert not (tmp_path / "never").exists()
+    assert claims.claim_from_command_line(["--cfg=job", f"hydra.run.dir={tmp_path / 'never'}"]) == ""
+    assert not (tmp_path / "never").exists()  # no lock taken for a command that only prints
 
 
 def test_a_directory_a_live_process_holds_is_refused_and_free_once_it_dies(tmp_path):
