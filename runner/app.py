@@ -51,9 +51,10 @@ def output_dir_problem(argv) -> str:
     ends in its traceback: check it first. Returns the error, or ''."""
     if command_line.config_only(argv):
         return ""
-    sweep = "-m" in argv or "--multirun" in argv
+    sweep = command_line.multirun(argv)
     keys = ("hydra.sweep.dir=",) if sweep else ("hydra.run.dir=", "resume=")
-    given = [(a.split("=", 1)[0], command_line.path_of(a)) for a in argv if a.startswith(keys)]  # quotes taken off
+    overrides = command_line.overrides_in(argv)
+    given = [(a.split("=", 1)[0], command_line.path_of(a)) for a in overrides if a.startswith(keys)]  # quotes taken off
     given = [(key, path) for key, path in given if path != ""]  # resume= / resume=null: a new run
     default = (
         ("hydra.sweep.dir (default multirun/...)", "multirun") if sweep else ("hydra.run.dir (default outputs/...)", "outputs")
@@ -84,9 +85,10 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
     replaces its old value (resume=<dir> train.epochs=200 trains longer). Without them a run started with
     train.epochs=100 would be continued with the defaults. Hydra writes the merged list back, so it holds for the
     next resume too. A saved value whose secret was masked (`redact_hydra_files`) must be given again: ConfigError."""
-    if "-m" in argv or "--multirun" in argv:
+    if command_line.multirun(argv):
         return argv
-    at = max((i for i, a in enumerate(argv) if a.startswith("resume=")), default=None)
+    overrides = command_line.overrides_in(argv)
+    at = max((i for i, a in enumerate(argv) if a.startswith("resume=") and a in overrides), default=None)
     directory = command_line.path_of(argv[at]) if at is not None else None  # resume='/srv/a b': as Hydra reads it
     if not directory:
         return argv
@@ -97,7 +99,7 @@ def with_resumed_overrides(argv: list[str]) -> list[str]:
         return argv  # not a run directory (or not one of the runner's): resume= is checked and refused later
     parser = OverridesParser.create()
     try:
-        given = {o.key_or_group for o in parser.parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])}
+        given = {o.key_or_group for o in parser.parse_overrides(overrides)}
     except Exception:
         return argv  # Hydra says what is wrong with the command line itself
     try:

@@ -9,9 +9,6 @@ import shlex
 
 from runner.config.redact import redact
 
-# Hydra's flags that take a value (hydra._internal.utils.get_args_parser): the word after one is not an override
-VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
-               "--experimental-rerun")  # fmt: skip
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
 
@@ -23,8 +20,6 @@ def config_only(argv) -> bool:
         return True
     if not any(a.startswith("-") for a in argv):
         return False
-    from runner.config.hydra_private import hydra_args
-
     args = hydra_args(argv)
     return bool(args) and bool(args.help or args.hydra_help or args.cfg or args.info is not None or args.shell_completion)
 
@@ -36,10 +31,31 @@ def _parser():
     return OverridesParser.create()
 
 
+def hydra_args(argv):
+    """`argv` as Hydra's own argparse parser reads it, or None where Hydra refuses it before anything runs (it then
+    says why). Read once per command line: the checks before Hydra all ask."""
+    parsed = _parsed(tuple(argv))
+    return parsed[0] if parsed and not parsed[1] else None
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(argv: tuple):
+    from runner.config.hydra_private import hydra_args as parsed
+
+    return parsed(argv)
+
+
 def overrides_in(argv) -> list[str]:
-    """The words of `argv` that are key=value overrides (not flags, not a flag's value such as `-cd dir=x`)."""
-    after_flag = {i + 1 for i, a in enumerate(argv) if a in VALUE_FLAGS}
-    return [a for i, a in enumerate(argv) if "=" in a and not a.startswith("-") and i not in after_flag]
+    """The key=value overrides Hydra will read in `argv`, as its own parser finds them (a flag's value such as
+    `-cd dir=x` is not one). [] when that parser refuses the command line: Hydra then says why itself."""
+    args = hydra_args(argv)
+    return list(args.overrides) if args else []
+
+
+def multirun(argv) -> bool:
+    """Whether `argv` asks Hydra for a sweep (-m, --multirun, --multi, -cjob -m...)."""
+    args = hydra_args(argv)
+    return bool(args and args.multirun)
 
 
 def path_of(arg: str) -> str | None:
@@ -63,11 +79,21 @@ def command_problem(argv) -> str:
     """Two of Hydra's commands on one line (`-m --cfg job`, `--multi -cjob`), or --resolve without --cfg: Hydra raises
     a ValueError there, a traceback. '' otherwise, and with --help (Hydra prints help first). The flags as Hydra's own
     parser reads them: abbreviated and attached forms included."""
-    from runner.config.hydra_private import hydra_args
-
-    args = hydra_args(argv)
-    if args is None:
+    parsed = _parsed(tuple(argv))
+    if parsed is None:
         return ""
+    args, left = parsed
+    late = [a for a in left if "=" in a and not a.startswith("-")]
+    if late:  # `strategy=mirrored -m executor=fit,custom_loop`: argparse takes one run of overrides
+        words = [*args.overrides, *late]
+        flags = [a for a in argv if a not in words]  # a flag's value stays beside its flag
+        return (
+            f"{' '.join(late)} come{'s' if len(late) == 1 else ''} after {' '.join(flags)}, between overrides: Hydra "
+            "reads its flags before or after the overrides, not among them. Write python -m runner "
+            f"{' '.join(shlex.quote(a) for a in (*flags, *words))}. Nothing ran."
+        )
+    if left:
+        return ""  # an unknown flag: Hydra's parser names it
     if args.resolve and not args.cfg and not args.help:  # Hydra checks this before --hydra-help
         return (
             "--resolve works with --cfg (job, hydra or all) or --help: it resolves interpolations in what they print. "
@@ -100,7 +126,7 @@ def unreadable_override_problem(argv) -> str:
         return ""
     except (HydraException, ValueError, RecursionError):
         pass
-    sweep = "-m" in argv or "--multirun" in argv
+    sweep = multirun(argv)
     for arg in overrides:
         try:
             _parser().parse_overrides([arg])

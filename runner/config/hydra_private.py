@@ -134,8 +134,9 @@ def _suggest_close_names() -> None:
 
 
 def hydra_args(argv):
-    """`argv` as Hydra's own argparse parser reads its flags (abbreviated `--multi`, attached `-cjob` included), or
-    None when that parser is not where it was or refuses them (Hydra then says why itself)."""
+    """`argv` as Hydra's own argparse parser reads its flags (abbreviated `--multi`, attached `-cjob` included): the
+    namespace and the words it leaves over (Hydra's parse_args refuses those), or None when that parser is not where
+    it was or refuses the flags themselves (Hydra then says why)."""
     import contextlib
     import io
 
@@ -145,7 +146,6 @@ def hydra_args(argv):
         return None
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            args, _ = get_args_parser().parse_known_args(list(argv))
+            return get_args_parser().parse_known_args(list(argv))
     except (SystemExit, Exception):  # argparse's own usage error (or --version): Hydra prints it
         return None
-    return args

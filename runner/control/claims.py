@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 
-from runner.config.command_line import config_only
+from runner.config.command_line import config_only, multirun, overrides_in
 from runner.errors import ConfigError
 
 LOCK_FILE = ".runner.lock"
@@ -103,7 +103,7 @@ def claim_from_command_line(argv) -> str:
     from runner.config import layout
     from runner.control import contract
 
-    if config_only(argv) or "-m" in argv or "--multirun" in argv:
+    if config_only(argv) or multirun(argv):
         return ""
     if os.environ.get(contract.ATTACH_RUN) or os.environ.get("SLURM_STEP_ID"):
         return ""
@@ -113,7 +113,7 @@ def claim_from_command_line(argv) -> str:
         return ""
     from runner.config.command_line import path_of  # quotes taken off: the directory Hydra will use (None: not known)
 
-    values = [(a.partition("=")[0], path_of(a)) for a in argv if "=" in a]
+    values = [(a.partition("=")[0], path_of(a)) for a in overrides_in(argv)]
     given = {k: os.path.realpath(os.path.expanduser(v)) for k, v in values if v}
     resumed = given.get("resume")  # a directory that is not there is refused as such, later
     if resumed and os.path.isdir(resumed) and "hydra.run.dir" in given and resumed != given["hydra.run.dir"]:

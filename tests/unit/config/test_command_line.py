@@ -63,6 +63,20 @@ def test_what_hydra_reads_passes():
         assert command_line.unreadable_override_problem(argv) == "", argv
 
 
+def test_overrides_and_a_sweep_are_read_as_hydras_own_parser_reads_them():
+    """No hand copy of Hydra's flags: a flag's value is not an override, an abbreviated or attached -m is a sweep."""
+    assert command_line.overrides_in(["-cd", "conf=x", "a=1", "b=2", "--cfg=job"]) == ["a=1", "b=2"]
+    assert command_line.overrides_in(["a=1", "-m", "b=2"]) == []  # Hydra refuses it: command_problem says why
+    assert command_line.overrides_in(["--experimental-rerun", "out/lr=0.1/c.pickle", "c=3"]) == ["c=3"]
+    assert command_line.overrides_in(["--cfg", "bogus", "a=1"]) == []  # argparse refuses: Hydra says why itself
+    for argv in (["-m"], ["--multi", "a=1"], ["--multirun"], ["a=1", "-m"]):
+        assert command_line.multirun(argv), argv
+    for argv in ([], ["a=-m"], ["-cd", "-m"], ["--cfg", "job"]):
+        assert not command_line.multirun(argv), argv
+    sweep = command_line.unreadable_override_problem(["--multi", "data.path=/d/données1.npz,/d/données2.npz"])
+    assert _reads(_written(sweep)) == ["/d/données1.npz", "/d/données2.npz"], sweep
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=12), st.booleans())
 def test_a_value_is_refused_exactly_when_hydra_cannot_read_it_and_any_form_suggested_reads_back(value, sweep):
@@ -103,6 +117,21 @@ def test_two_hydra_commands_on_one_line_are_one_error_naming_both():
     helped = (["--help", "-m", "--cfg", "job"], ["--hydra-help", "-m", "-c", "job"])  # Hydra prints help first
     for fine in (["-m", "a=1,2"], ["--cfg=job", "--resolve"], ["-cjob", "--resolve"], ["--help", "--resolve"], *helped):
         assert command_line.command_problem(fine) == "", fine
+
+
+def test_overrides_on_both_sides_of_a_flag_are_one_line_with_the_command_hydra_takes():
+    """Hydra's argparse takes one run of overrides: `strategy=mirrored -m executor=fit,custom_loop` ended in its usage
+    text and `unrecognized arguments`. The command suggested is read by that parser with every override kept."""
+    for argv in (
+        ["strategy=mirrored", "-m", "executor=fit,custom_loop"], ["a=1", "--cfg", "job", "b=2", "c=3"],
+        ["a=1", "-cd", "conf=x", "b=2"], ["mlflow.run_name='a b'", "--multi", "c=3"],
+    ):  # fmt: skip
+        message = command_line.command_problem(argv)
+        assert "between overrides" in message and message.endswith(". Nothing ran.") and "\n" not in message, message
+        suggested = shlex.split(message.partition("Write python -m runner ")[2].removesuffix(". Nothing ran."))
+        assert sorted(suggested) == sorted(argv) and command_line.hydra_args(suggested), suggested
+        assert command_line.hydra_args(argv) is None and command_line.overrides_in(argv) == []
+    assert command_line.command_problem(["a=1", "--bogus"]) == ""  # an unknown flag: Hydra's parser names it
 
 
 def test_config_only_commands_are_seen_in_every_form_hydra_takes():

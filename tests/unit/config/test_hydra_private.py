@@ -18,7 +18,8 @@ def test_the_private_names_exist_with_the_arguments_the_hooks_pass():
     assert list(inspect.signature(repository.load_config).parameters)[:2] == ["self", "config_path"]
     assert list(inspect.signature(loader._apply_overrides_to_config).parameters)[:2] == ["overrides", "cfg"]
     assert callable(loader.load_configuration)
-    args = hydra_private.hydra_args(["-m", "--cfg", "job", "--resolve", "a=1"])  # the flags command_line reads
+    args, left = hydra_private.hydra_args(["-m", "--cfg", "job", "--resolve", "a=1", "-cd", "d", "b=2"])  # command_line reads
+    assert args.overrides == ["a=1"] and args.config_dir == "d" and left == ["b=2"]
     assert _resolve(hydra_private.ARGS_PARSER) and args.multirun and args.cfg == "job" and args.resolve
     assert not (args.run or args.help or args.hydra_help or args.shell_completion) and args.info is None
 
