@@ -10,6 +10,7 @@ import shlex
 from runner.config.redact import redact
 
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+MAX_DEPTH = 32  # lists and dicts in one override: no config of the runner's goes past a few levels
 CONFIG_ONLY = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
 
 
@@ -53,9 +54,12 @@ def overrides_in(argv) -> list[str]:
 
 
 def multirun(argv) -> bool:
-    """Whether `argv` asks Hydra for a sweep (-m, --multirun, --multi, -cjob -m...)."""
+    """Whether `argv` asks Hydra for a sweep: -m in any form Hydra's parser takes (--multirun, --multi), or the
+    override hydra.mode=MULTIRUN (an experiment config that sets it is known only once Hydra composes it)."""
     args = hydra_args(argv)
-    return bool(args and args.multirun)
+    if not args:
+        return False
+    return args.multirun or any(re.fullmatch(r"\s*hydra\.mode\s*=\s*(RunMode\.)?MULTIRUN\s*", o) for o in args.overrides)
 
 
 def path_of(arg: str) -> str | None:
@@ -121,6 +125,12 @@ def unreadable_override_problem(argv) -> str:
     from hydra.errors import HydraException
 
     overrides = overrides_in(argv)
+    for arg in overrides:
+        if _depth(arg) > MAX_DEPTH:  # Hydra's parser reads it; composing it ends in a RecursionError traceback
+            return (
+                f"{redact(arg.partition('=')[0])}= nests lists or dicts {_depth(arg)} levels deep; the runner's config "
+                f"takes at most {MAX_DEPTH}. Nothing ran."
+            )
     try:
         _parser().parse_overrides(overrides)
         return ""
@@ -155,6 +165,23 @@ def unreadable_override_problem(argv) -> str:
         masked = redact(text)
         return masked if masked == text else masked + " A password is shown as ***: write yours in its place."
     return ""
+
+
+def _depth(arg: str) -> int:
+    """How deep the brackets of an override nest, outside quotes."""
+    depth = deepest = 0
+    quote = None
+    for char in arg:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]})":
+            depth -= 1
+    return deepest
 
 
 def _parts(value: str, sweep: bool) -> list[str]:

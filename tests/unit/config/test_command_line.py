@@ -53,6 +53,13 @@ def test_a_broken_list_or_function_is_not_turned_into_text():
         assert hydra_says in message, message  # Hydra's own reason, kept
 
 
+def test_a_list_nested_past_what_composing_can_take_is_one_line():
+    """150 levels: Hydra's parser reads it, and composing it ended in a RecursionError traceback of 4000 lines."""
+    message = command_line.unreadable_override_problem(["model.hidden_units=" + "[" * 150 + "]" * 150])
+    assert message.startswith("model.hidden_units= nests lists or dicts 150 levels deep"), message
+    assert command_line.unreadable_override_problem(["a=" + "[" * 3 + "1" + "]" * 3, "b='[[[[[[[[[[[['"]) == ""
+
+
 def test_what_hydra_reads_passes():
     for argv in (
         ["data.path='/data/données.npz'"], ["-cn", "a=b"], ["-cd", "x=y"], ["--experimental-rerun", "out/lr=0.1/c.pickle"],
@@ -69,9 +76,9 @@ def test_overrides_and_a_sweep_are_read_as_hydras_own_parser_reads_them():
     assert command_line.overrides_in(["a=1", "-m", "b=2"]) == []  # Hydra refuses it: command_problem says why
     assert command_line.overrides_in(["--experimental-rerun", "out/lr=0.1/c.pickle", "c=3"]) == ["c=3"]
     assert command_line.overrides_in(["--cfg", "bogus", "a=1"]) == []  # argparse refuses: Hydra says why itself
-    for argv in (["-m"], ["--multi", "a=1"], ["--multirun"], ["a=1", "-m"]):
+    for argv in (["-m"], ["--multi", "a=1"], ["--multirun"], ["a=1", "-m"], ["hydra.mode=MULTIRUN", "a=1,2"]):
         assert command_line.multirun(argv), argv
-    for argv in ([], ["a=-m"], ["-cd", "-m"], ["--cfg", "job"]):
+    for argv in ([], ["a=-m"], ["-cd", "-m"], ["--cfg", "job"], ["hydra.mode=RUN"], ["x.hydra.mode=MULTIRUN"]):
         assert not command_line.multirun(argv), argv
     sweep = command_line.unreadable_override_problem(["--multi", "data.path=/d/données1.npz,/d/données2.npz"])
     assert _reads(_written(sweep)) == ["/d/données1.npz", "/d/données2.npz"], sweep
