@@ -4,6 +4,7 @@
     python -m benchmarks.wall --quick          # one row, 20 steps, one round, a 1-job sweep: checks that it runs
     python -m benchmarks.wall --compute-bound  # MobileNetV2 on 32x32x3 images instead of the MLP (COMPUTE_ROWS)
     python -m benchmarks.wall --only-sweep     # only the sweep row: a 4-job sweep vs its 4 jobs typed one by one
+    git worktree add /tmp/before COMMIT && python -m benchmarks.wall --against /tmp/before   # before / after
 
 Sides, each a fresh process: the runner with MLflow (its default), the runner with mlflow.enabled=false, and a
 guide-style script (benchmarks/handwritten.py --save: train, then model.save; no tracking). Rounds are
@@ -15,7 +16,10 @@ MLflow-off time divided by the MLflow-on time (1.0: tracking costs nothing; abov
 per-step slope (between --slope-steps and --steps) comes from whole-process times only. --end-steps measures how
 the cost after the last step grows with the run's length. The sweep row times `python -m runner -m SWEEP` against
 the same jobs started one after another (MLflow on in both, one store): "speed, sweep / one by one" is the second
-time divided by the first (above 0.95 is the target).
+time divided by the first (above 0.95 is the target). --against DIR adds another version's MLflow on / off sides
+and sweep, run from that checkout (on PYTHONPATH, the same environment, a store of its own), to the same rounds:
+a before / after measured side by side. Each store gets one 5-step run first: a fresh store's migrations belong
+to no side.
 
 --compute-bound: the same comparison where a step's compute, not the host, dominates: model=keras_app
 (MobileNetV2, random weights, no top, average pooling, Dense logits) on seeded Gaussian 32x32x3 images with 10
@@ -97,8 +101,9 @@ def compute_bound_sides(images):
 
 
 class Wall:
-    def __init__(self, workdir, gbs, extra=(), data=MLP_DATA, script_extra=(), reuse=False):
+    def __init__(self, workdir, gbs, extra=(), data=MLP_DATA, script_extra=(), reuse=False, pythonpath=None):
         self.workdir, self.gbs, self.count, self.extra = workdir, gbs, 0, list(extra)
+        self.pythonpath = pythonpath  # --against: the other checkout's runner is imported from there
         self.data, self.script_extra = data, list(script_extra)
         self.measured = {} if reuse else None  # --quick: each distinct run once (its figures are not the point)
 
@@ -111,7 +116,9 @@ class Wall:
 
     def _time(self, argv):
         self.count += 1
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PYTHONPATH")}
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
         started = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=self.workdir, env=env, timeout=1800)
         wall = time.perf_counter() - started
@@ -226,6 +233,8 @@ def main(argv=None):
     p.add_argument("--no-script", action="store_true", help="only the runner's two sides (MLflow on / off): no script")
     p.add_argument("--no-sweep", action="store_true", help="no sweep row")
     p.add_argument("--rows", default=None, help="only these rows, by index (0,1: the default strategy's two executors)")
+    p.add_argument("--against", default=None, help="another checkout of the runner (git worktree add DIR COMMIT): its "
+                   "MLflow on / off sides, and its sweep, interleaved with this one's in the same rounds")  # fmt: skip
     p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, or "
                    "docs/benchmarks-wall-compute.md with --compute-bound; none with --quick)")  # fmt: skip
     args = p.parse_args(argv)
@@ -244,6 +253,13 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="runner-wall-")
     data, script_extra = compute_bound_sides(write_images(workdir)) if args.compute_bound else (MLP_DATA, ())
     w = Wall(workdir, args.global_batch, args.runner_args.split(), data, script_extra, reuse=args.quick)
+    other = None
+    if args.against:
+        os.makedirs(os.path.join(workdir, "against"))
+        other = Wall(os.path.join(workdir, "against"), args.global_batch, args.runner_args.split(), data, pythonpath=args.against)
+    if not args.quick:  # a fresh store's migrations belong to no side: one short run into each store first
+        for wall in (w, other) if other else (w,):
+            wall.runner(*rows[0], 5)
     lines = []
 
     def say(text):
@@ -260,6 +276,9 @@ def main(argv=None):
     if args.runner_args:
         say(f"Every runner run with: {args.runner_args}")
         say("")
+    if other:
+        say(f"Against: the runner in {args.against} (a store of its own), its sides interleaved with this one's.")
+        say("")
     main_rows = [] if args.only_end or args.only_sweep else rows
     if main_rows:
         say(
@@ -267,12 +286,13 @@ def main(argv=None):
             "round(s), medians"
         )
         say("")
+        against = " against: on / off (s) | against: speed, on / off | against: per round |" if other else ""
         say(
             "| strategy | executor | runner, MLflow on (s) | MLflow off (s) | script (s) | speed, on / off | "
             "on / off, per round | speed, runner / script | after the last step (s) | runner phases, MLflow on (s) | "
-            "MLflow off (s) |"
+            f"MLflow off (s) |{against}"
         )
-        say("|---|---|---|---|---|---|---|---|---|---|---|")
+        say("|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if other else 0))
     for strategy, cpus, executor in main_rows:
         sides = {
             "on": lambda: w.runner(strategy, cpus, executor, args.steps),
@@ -281,19 +301,30 @@ def main(argv=None):
         }
         if args.no_script:
             del sides["script"]
+        if other:
+            sides["against on"] = lambda: other.runner(strategy, cpus, executor, args.steps)
+            sides["against off"] = lambda: other.runner(strategy, cpus, executor, args.steps, mlflow=False)
         res = interleaved(sides, args.rounds)
         on, off, script = (statistics.median(t for t, _ in res[k]) if k in res else float("nan") for k in ("on", "off", "script"))
         phases = median_phases(res["on"])
         after = sum(phases.get(k, 0.0) for k in AFTER_TRAINING)
         breakdown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
         off_breakdown = ", ".join(f"{k} {v:.2f}" for k, v in median_phases(res["off"]).items())
+        against = ""
+        if other:
+            a_on, a_off = (statistics.median(t for t, _ in res[k]) for k in ("against on", "against off"))
+            against = f" {a_on:.2f} / {a_off:.2f} | {a_off / a_on:.3f} | {per_round(res, 'against on', 'against off'):.3f} |"
         say(
             f"| {strategy} ({cpus}) | {executor} | {on:.2f} | {off:.2f} | {script:.2f} | {off / on:.3f} | "
-            f"{per_round(res, 'on', 'off'):.3f} | {script / on:.3f} | {after:.2f} | {breakdown} | {off_breakdown} |"
+            f"{per_round(res, 'on', 'off'):.3f} | {script / on:.3f} | {after:.2f} | {breakdown} | {off_breakdown} |{against}"
         )
     if not args.only_end and not args.compute_bound and not args.no_sweep:
         grid, steps = (SWEEP_QUICK, args.steps) if args.quick else (SWEEP, SWEEP_STEPS)
-        res = interleaved({"sweep": lambda: w.sweep(grid, steps), "one by one": lambda: w.one_by_one(grid, steps)}, args.rounds)
+        sides = {"sweep": lambda: w.sweep(grid, steps), "one by one": lambda: w.one_by_one(grid, steps)}
+        if other:
+            sides["against sweep"] = lambda: other.sweep(grid, steps)
+            sides["against one by one"] = lambda: other.one_by_one(grid, steps)
+        res = interleaved(sides, args.rounds)
         sweep, single = (statistics.median(t for t, _ in res[k]) for k in ("sweep", "one by one"))
         jobs = len(list(itertools.product(*grid.values())))
         assert all(p["jobs"] >= jobs for _, p in res["sweep"]), "the sweep did not run every job"
@@ -306,6 +337,10 @@ def main(argv=None):
         say("| jobs | sweep (s) | one by one (s) | speed, sweep / one by one | per round |")
         say("|---|---|---|---|---|")
         say(f"| {jobs} | {sweep:.2f} | {single:.2f} | {single / sweep:.3f} | {per_round(res, 'sweep', 'one by one'):.3f} |")
+        if other:
+            a_sweep, a_single = (statistics.median(t for t, _ in res[k]) for k in ("against sweep", "against one by one"))
+            per = per_round(res, "against sweep", "against one by one")
+            say(f"| {jobs}, against | {a_sweep:.2f} | {a_single:.2f} | {a_single / a_sweep:.3f} | {per:.3f} |")
     if args.slope_steps and main_rows:
         say("")
         say(f"Per-step slope from whole-process times, ({args.steps} - {args.slope_steps} steps), medians:")
