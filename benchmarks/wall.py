@@ -18,7 +18,8 @@ the cost after the last step grows with the run's length. The sweep row times `p
 the same jobs started one after another (MLflow on in both, one store): "speed, sweep / one by one" is the second
 time divided by the first (above 0.95 is the target). --against DIR adds another version's MLflow on / off sides
 and sweep, run from that checkout (on PYTHONPATH, the same environment, a store of its own), to the same rounds:
-a before / after measured side by side. Each store gets one 5-step run first: a fresh store's migrations belong
+a before / after of what MLflow costs, measured side by side (benchmarks.ab compares two versions' training path,
+MLflow off). Each store gets one 5-step run first: a fresh store's migrations belong
 to no side.
 
 --compute-bound: the same comparison where a step's compute, not the host, dominates: model=keras_app
