@@ -117,7 +117,7 @@ class Wall:
 
     def _time(self, argv):
         self.count += 1
-        env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PYTHONPATH")}
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
         started = time.perf_counter()
