@@ -428,3 +428,8 @@ def test_an_unreadable_override_and_two_commands_exit_2_in_one_line(tmp_path):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert done.stderr.startswith("Error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not list(tmp_path.iterdir())  # nothing written: no outputs/, no store
+    # Hydra prints its own node without the job's keys: hydra.run.dir's resume= must not be a missing key there
+    argv = [sys.executable, "-m", "runner", "--cfg", "hydra", "--resolve", "resume=/elsewhere"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "    dir: outputs/" in done.stdout and not list(tmp_path.iterdir())
