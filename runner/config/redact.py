@@ -7,6 +7,11 @@ import re
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 _URI_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
+# A database URI's password as SQLAlchemy reads it: up to an `@`, with `/` allowed; a second `@` typed in it
+# (unencoded) is masked too, up to the `@` before the host. Not for http(s), whose paths may hold an `@`.
+_DB_CREDENTIALS = re.compile(
+    r"(?P<scheme>\b(?!https?://)[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*):[^\s?#]*@(?=[^@\s/?#]*(?:[/?#\s]|$))"
+)
 # a query parameter named like a secret (?password=..., &access_token=...): its value, up to a quote, a comma, a
 # parenthesis or a colon that ends a sentence
 _QUERY_SECRET = re.compile(
@@ -28,7 +33,8 @@ def redact_uri(text: str) -> str:
     def mask(m) -> str:
         return f"{m['scheme']}{m['user']}:{MASK}@" if m.group(3) is not None else f"{m['scheme']}{MASK}@"
 
-    return _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", _URI_CREDENTIALS.sub(mask, str(text)))
+    text = _DB_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", str(text))
+    return _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", _URI_CREDENTIALS.sub(mask, text))
 
 
 def _secret_values():

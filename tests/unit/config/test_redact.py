@@ -4,6 +4,8 @@ MLflow params or tags."""
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runner.config.redact import MASK, is_secret_name, redact, redact_mapping, redact_uri
 
@@ -41,6 +43,10 @@ def test_ordinary_names(name):
         # a query parameter named like a secret
         ("postgresql://db/mlflow?user=bob&password=s3cr3t", "postgresql://db/mlflow?user=bob&password=***"),
         ("https://h/api?access_token=ghp_abc&x=1", "https://h/api?access_token=***&x=1"),
+        # a database password typed unencoded, as SQLAlchemy still reads it: with `/`, or with a second `@`
+        ("postgresql://u:pa/ss@db/mlflow", "postgresql://u:***@db/mlflow"),
+        ("mysql+pymysql://u:p@ss@db:3306/mlflow?x=1", "mysql+pymysql://u:***@db:3306/mlflow?x=1"),
+        ("at postgresql://u:a/b@c@db. Then", "at postgresql://u:***@db. Then"),
     ],
 )
 def test_uri_credentials_are_masked(text, expected):
@@ -49,7 +55,15 @@ def test_uri_credentials_are_masked(text, expected):
 
 @pytest.mark.parametrize(
     "text",
-    ["sqlite:///mlflow.db?timeout=20", "http://127.0.0.1:5000", "http://host:5000/models/m@v2", "user@example.com", "no uri"],
+    [
+        "sqlite:///mlflow.db?timeout=20",
+        "http://127.0.0.1:5000",
+        "http://host:5000/models/m@v2",
+        "user@example.com",
+        "no uri",
+        "postgresql://db:5432/mlflow?user=a@b",
+        "sqlite:////data/m@1/mlflow.db",
+    ],
 )
 def test_text_without_uri_credentials_is_unchanged(text):
     assert redact_uri(text) == text
@@ -92,3 +106,12 @@ def test_mappings_mask_secret_keys_and_redact_every_other_value(monkeypatch):
 def test_a_secret_word_in_a_key_prefix_does_not_mask_the_value():
     """Only the last part of a dotted key names the value: `auth.enabled` holds a flag, not a secret."""
     assert redact_mapping({"auth.enabled": "true", "server.auth": "s3cr3t!"}) == {"auth.enabled": "true", "server.auth": MASK}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="?#"), min_size=4, max_size=16))
+def test_a_database_password_typed_unencoded_is_never_shown(password):
+    """Whatever printable characters a password holds (`/`, `@`, `:` included), SQLAlchemy's reading or not."""
+    uri = f"postgresql://alice:{password}@db.example:5432/mlflow"
+    masked = redact_uri(f"could not connect to {uri} (timeout)")
+    assert masked == "could not connect to postgresql://alice:***@db.example:5432/mlflow (timeout)", masked
