@@ -199,9 +199,8 @@ def _quoted(key: str, value: str, sweep: bool) -> str | None:
     quoted = []
     for part in parts:
         quote = next((q for q in ("'", '"') if q not in part), None)
-        if quote is None:
-            return None
-        quoted.append(f"{quote}{part}{quote}")
+        plain = quote is not None and not part.endswith("\\")
+        quoted.append(f"{quote}{part}{quote}" if plain else _escaped(part))
     written = f"{key}={','.join(quoted)}"
     try:
         read = _parser().parse_override(written).value()
@@ -209,6 +208,13 @@ def _quoted(key: str, value: str, sweep: bool) -> str | None:
         return None
     read = [getattr(item, "text", item) for item in read.list] if hasattr(read, "list") else [read]  # a sweep's QuotedStrings
     return written if read == parts else None
+
+
+def _escaped(part: str) -> str:
+    """`part` in single quotes with Hydra's escapes: a quote inside as \\', the backslashes before a quote or at the
+    end doubled (https://hydra.cc/docs/advanced/override_grammar/basic/#escaped-characters-in-quoted-values)."""
+    inner = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", part)
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, inner) + "'"
 
 
 def _shell(written: str) -> str:

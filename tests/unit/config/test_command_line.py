@@ -34,6 +34,8 @@ def test_an_override_hydra_cannot_read_is_named_with_the_quoted_form_hydra_reads
         "data.path=/data/données.npz": "/data/données.npz",  # beyond ASCII
         "mlflow.run_name=it's=1": "it's=1",  # a quote in it: the other quotes
         "mlflow.run_name=a$b=c": "a$b=c",  # `$` would expand in a shell's double quotes
+        """mlflow.run_name=both ' and " =""": """both ' and " =""",  # both quote kinds: Hydra's escape, \\'
+        "mlflow.run_name=b=c\\": "b=c\\",  # a trailing backslash would escape the closing quote: doubled
     }
     for override, value in cases.items():
         message = command_line.unreadable_override_problem(["train.epochs=1", override, "strategy=mirrored,default"])
