@@ -91,7 +91,7 @@ def command_problem(argv) -> str:
     if late:  # `strategy=mirrored -m executor=fit,custom_loop`: argparse takes one run of overrides
         words = [*args.overrides, *late]
         flags = [a for a in argv if a not in words]  # a flag's value stays beside its flag
-        return (
+        return _masked(
             f"{' '.join(late)} come{'s' if len(late) == 1 else ''} after {' '.join(flags)}, between overrides: Hydra "
             "reads its flags before or after the overrides, not among them. Write python -m runner "
             f"{' '.join(shlex.quote(a) for a in (*flags, *words))}. Nothing ran."
@@ -162,9 +162,14 @@ def unreadable_override_problem(argv) -> str:
                 f"{f' ({hydra_says})' if hydra_says else ''}. For {what}, write {written} (in a shell: {_shell(written)}); "
                 "nothing ran."
             )
-        masked = redact(text)
-        return masked if masked == text else masked + " A password is shown as ***: write yours in its place."
+        return _masked(text)
     return ""
+
+
+def _masked(text: str) -> str:
+    """`text` redacted; where a password was masked in a command to copy, it says so."""
+    masked = redact(text)
+    return masked if masked == text else masked + " A password is shown as ***: write yours in its place."
 
 
 def _depth(arg: str) -> int:

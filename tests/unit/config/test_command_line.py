@@ -141,6 +141,8 @@ def test_overrides_on_both_sides_of_a_flag_are_one_line_with_the_command_hydra_t
         assert sorted(suggested) == sorted(argv) and command_line.hydra_args(suggested), suggested
         assert command_line.hydra_args(argv) is None and command_line.overrides_in(argv) == []
     assert command_line.command_problem(["a=1", "--bogus"]) == ""  # an unknown flag: Hydra's parser names it
+    secret = command_line.command_problem(["mlflow.tracking_uri=http://me:s3cret@h", "-m", "a=1,2"])
+    assert "s3cret" not in secret and secret.endswith("write yours in its place."), secret
 
 
 def test_config_only_commands_are_seen_in_every_form_hydra_takes():
