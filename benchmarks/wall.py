@@ -239,6 +239,8 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, or "
                    "docs/benchmarks-wall-compute.md with --compute-bound; none with --quick)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.against and not os.path.isfile(os.path.join(args.against, "runner", "__init__.py")):
+        p.error(f"--against {args.against}: no runner/ package there (a checkout: git worktree add DIR COMMIT)")
     rows = COMPUTE_ROWS if args.compute_bound else ROWS
     if args.compute_bound:
         defaults = (20, 10, "", 64) if args.quick else (300, 100, "", 64)
