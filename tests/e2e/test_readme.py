@@ -271,23 +271,23 @@ def run_training(scratch, tokens):
 
 
 def run_user_config(scratch, tokens):
-    """README's own-model and own-data examples: the YAML block written to myconf/, the functions README names
-    (tests/user_project's) importable from cwd."""
+    """README's own-code commands as printed from the clone's root (PYTHONPATH=tests/user_project, a searchpath
+    there): run in a scratch directory that holds tests/user_project as the clone does; README's YAML block is that
+    folder's file."""
     text = README.read_text()
-    block = re.search(r"```yaml\n# (myconf/\S+)\n(.*?)```", text, re.S)
-    assert block, "README's myconf/ YAML example not found"
+    block = re.search(r"```yaml\n# (tests/user_project/\S+)\n(.*?)```", text, re.S)
+    assert block, "README's tests/user_project/ YAML example not found"
+    shown = [line for line in block.group(2).splitlines() if not line.startswith("#")]
+    assert shown == [line for line in (ROOT / block.group(1)).read_text().splitlines() if not line.startswith("#")]
     project = scratch.root / "user-project"
-    (project / Path(block.group(1)).parent).mkdir(parents=True, exist_ok=True)
-    (project / block.group(1)).write_text(block.group(2))
-    for module in (ROOT / "tests" / "user_project").glob("*.py"):  # the model's and the data's functions README names
-        (project / module.name).write_text(module.read_text())
+    (project / "tests").mkdir(parents=True, exist_ok=True)
+    if not (project / "tests" / "user_project").exists():
+        (project / "tests" / "user_project").symlink_to(ROOT / "tests" / "user_project")
     env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
     argv = [t for t in tokens if not re.match(r"^[A-Z_]+=", t)]
     run_dir = scratch.dir(key(_runner_args(argv)))
     proc = scratch.run(
-        [*_python(argv), *TINY, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={scratch.uri}"],
-        cwd=project,
-        env_extra={k: str(project) if v == "." else v for k, v in env.items()},
+        [*_python(argv), *TINY, f"hydra.run.dir={run_dir}", f"mlflow.tracking_uri={scratch.uri}"], cwd=project, env_extra=env
     )
     return proc, run_dir
 
