@@ -134,17 +134,35 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
     return summary
 
 
+def _loss_for(model, cfg, arrays, run):
+    """train.loss for this model: checked against the data first (its input, its output width), then told whether
+    the model outputs probabilities (a softmax or sigmoid last layer: from_logits=False) or logits."""
+    from runner.builders.loss import CROSSENTROPIES, for_outputs, loss_name
+    from runner.builders.model_outputs import PROBABILITIES, check_input, check_output
+    from runner.builders.targets import probe_examples
+
+    target = cfg.model.get("_target_")
+    check_input(model, target, arrays.input_shape, getattr(getattr(arrays, "x_train", None), "dtype", None))
+    loss = loss_name(cfg.train, arrays.task)
+    kind, layer = check_output(model, target, loss, arrays.num_outputs, arrays.task, probe_examples(arrays)[0])
+    if loss in CROSSENTROPIES:
+        run.set_tags({"model_outputs": kind})
+        log.info("the model outputs %s (last layer %s): %s with from_logits=%s", kind, layer, loss, kind != PROBABILITIES)
+    return for_outputs(loss, kind)
+
+
 def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     import tf_keras
 
     from runner.builders.data.pipeline import build_data
     from runner.builders.executor import build_executor
     from runner.builders.keras_flavor import check_keras3, keras_of, optimizer_clipping
-    from runner.builders.loss import check_user_loss, loss_name
+    from runner.builders.loss import check_user_loss
     from runner.builders.metrics import check_metrics
     from runner.builders.model import build_model
     from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
+    from runner.config.model_defaults import inherited_model_keys
     from runner.executors.accumulation import warn_batch_norm
     from runner.executors.base import Job, done_line
     from runner.executors.checkpoints import Checkpoints
@@ -187,7 +205,15 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     total_steps = cfg.train.epochs * data.steps_per_epoch
     with strategy.scope():
         train = cfg.train
-        model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs, train.global_batch_size, train.accumulation_steps)
+        model = build_model(
+            cfg.model,
+            arrays.input_shape,
+            arrays.num_outputs,
+            train.global_batch_size,
+            train.accumulation_steps,
+            task=arrays.task,
+            inherited=inherited_model_keys(cfg.model),
+        )
         check_keras3(
             model, cfg.model.get("_target_"), strategy, cfg.executor.name, train.mixed_precision, train.optimizer.clipnorm
         )
@@ -195,12 +221,12 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         keras = keras_of(model)
         if keras is not tf_keras:
             run.set_tags({"keras_version": keras.__version__})
-        loss = loss_name(cfg.train, arrays.task)
         optimizer = build_optimizer(cfg.train.optimizer, cfg.train.mixed_precision, total_steps, keras)
         clipping = optimizer_clipping(optimizer, train.optimizer.get("_target_"))
         if clipping:  # a user's optimizer that clips (its kwargs, or its own code): the same refusal as clipnorm's
             check_keras3(model, cfg.model.get("_target_"), strategy, cfg.executor.name, False, clipping)
         optimizer.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
+    loss = _loss_for(model, cfg, arrays, run)
     check_user_loss(loss, model, arrays, keras)  # a user's train.loss that cannot train is refused before the first step
     watched = train.early_stopping.monitor if train.early_stopping.patience is not None or cfg.checkpoint.keep_best else None
     # so are train.metrics (and a monitor none of them is)

@@ -46,6 +46,27 @@ def is_target(spec) -> bool:
     return isinstance(spec, (dict, DictConfig))
 
 
+class OnProbabilities(str):
+    """A built-in classification loss's name, for a model whose last layer ends in softmax (or sigmoid for one
+    output): it compares equal to the plain name everywhere, and build_loss gives it from_logits=False."""
+
+    from_logits = False
+
+
+CROSSENTROPIES = ("sparse_categorical_crossentropy", "binary_crossentropy")
+
+
+def for_outputs(spec, kind: str):
+    """The loss spec for a model's output kind (runner.builders.model_outputs: "probabilities" or "logits")."""
+    if kind == "probabilities" and not is_target(spec) and spec in CROSSENTROPIES:
+        return OnProbabilities(spec)
+    return spec
+
+
+def from_logits(spec) -> bool:
+    return getattr(spec, "from_logits", True)
+
+
 def loss_name(train_cfg, task: str):
     """The built-in loss name for the data's task, or the user's node as a plain dict."""
     spec = train_cfg.loss
@@ -68,8 +89,8 @@ def build_loss(spec, reduction=None, keras=None):
     if spec == "mse":
         return keras.losses.MeanSquaredError(**kwargs)
     if spec == "binary_crossentropy":
-        return keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+        return keras.losses.BinaryCrossentropy(from_logits=from_logits(spec), **kwargs)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits(spec), **kwargs)
 
 
 def _is_loss(obj) -> bool:

@@ -49,11 +49,13 @@ def builtin_names(loss) -> list[str]:
 
 
 def _builtin(loss) -> list:
-    """Accuracy for losses that have one (the models output logits)."""
+    """Accuracy for losses that have one (a logit above 0 or a probability above 0.5 is the positive class)."""
     import tf_keras
 
+    from runner.builders.loss import from_logits
+
     if loss == "binary_crossentropy":
-        return [tf_keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)]
+        return [tf_keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if from_logits(loss) else 0.5)]
     if loss == "sparse_categorical_crossentropy":
         return [tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     return []

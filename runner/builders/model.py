@@ -4,14 +4,17 @@ loss and metrics: runner.builders.loss, its optimizer: runner.builders.optimizer
 Call these inside strategy.scope(): variables created there are distributed by the strategy.
 """
 
-import inspect
+import logging
 import math
 
 from omegaconf import OmegaConf
 
 from runner.builders.keras_flavor import is_keras3
+from runner.builders.model_args import arguments, called_wrong, data_values
 from runner.builders.targets import callable_at
 from runner.errors import ConfigError
+
+log = logging.getLogger("runner")
 
 
 def _leaf_layers(layer):
@@ -114,9 +117,22 @@ def _keras3_model(obj) -> bool:
     return isinstance(obj, keras.Model)
 
 
-def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulation_steps: int = 1):
+def _build(model, input_shape) -> None:
+    """Keras 3's build() of a subclassed model marks it built without building its layers: call it on one example of
+    zeros instead, which makes every variable. tf_keras' build() traces call() and makes them."""
+    if is_keras3(model):
+        import numpy as np
+
+        model(np.zeros((1, *input_shape), np.float32), training=False)
+    else:
+        model.build((None, *input_shape))
+
+
+def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulation_steps: int = 1, *, task=None, inherited=None):
     """The model `cfg` names, built for the data; refused (ConfigError) when it cannot be, or when one step of
-    `global_batch_size` clearly does not fit in memory (not checked without it: a model built for evaluation)."""
+    `global_batch_size` clearly does not fit in memory (not checked without it: a model built for evaluation).
+    `task`: the data's (classification fills num_classes too); `inherited`: the keys a built-in model= option brought
+    along (runner.config.model_defaults), left out where the target does not take them."""
     import tf_keras
 
     target = cfg.get("_target_")
@@ -125,19 +141,19 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
     fn = callable_at(
         "model", target, "Use runner.models.linear, runner.models.mlp, runner.models.cnn or your own module.function."
     )
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
+    given = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if not k.startswith("_")}
+    data = data_values(input_shape, num_outputs, task)
+    args = arguments(fn, target, given, data, inherited or {})
+    if args.left_out:
+        log.info(
+            "model._target_=%s: left out %s, which the model= option's YAML brought and it does not take",
+            target,
+            ", ".join(f"model.{k}" for k in args.left_out),
+        )
     try:
-        params = inspect.signature(fn).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    except (TypeError, ValueError):  # a builtin or C function: no signature to read, so offer it everything
-        params, takes_any = {}, True
-    for name, value in (("input_shape", tuple(input_shape)), ("num_outputs", num_outputs)):
-        if takes_any or name in params:
-            kwargs.setdefault(name, value)
-    try:
-        model = fn(**kwargs)
+        model = fn(**args.kwargs)
     except TypeError as err:
-        raise ConfigError(f"model._target_={target!r} does not accept the model config {sorted(kwargs)}: {err}") from None
+        raise called_wrong(target, err, args, data) from None
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if not isinstance(model, tf_keras.Model) and not (is_keras3(model) and _keras3_model(model)):
@@ -148,7 +164,7 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
         )
     if not model.built:  # a subclassed model makes its variables at its first call: make them now, in this scope,
         try:  # so that the optimizer and the checkpoints see them before the first step (not inside it)
-            model.build((None, *input_shape))
+            _build(model, input_shape)
         except Exception as err:
             raise ConfigError(
                 f"model._target_={target!r} built no variables, and building it for the data's input shape "

@@ -22,15 +22,22 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     import tensorflow as tf
 
     from runner.builders.data.pipeline import build_data
-    from runner.builders.loss import build_loss, loss_name
+    from runner.builders.loss import build_loss, for_outputs, loss_name
     from runner.builders.metrics import build_metrics
     from runner.builders.model import build_model
+    from runner.builders.model_outputs import check_output
+    from runner.builders.targets import probe_examples
+    from runner.config.model_defaults import inherited_model_keys
 
     arrays = in_memory.load(cfg.data)
     data = build_data(cfg.data, arrays, cfg.train, 1)
     final_step = cfg.train.epochs * data.steps_per_epoch
-    model = build_model(cfg.model, arrays.input_shape, arrays.num_outputs)
+    model = build_model(
+        cfg.model, arrays.input_shape, arrays.num_outputs, task=arrays.task, inherited=inherited_model_keys(cfg.model)
+    )
+    probe = probe_examples(arrays)[0]
     name = loss_name(cfg.train, arrays.task)
+    name = for_outputs(name, check_output(model, cfg.model.get("_target_"), name, arrays.num_outputs, arrays.task, probe)[0])
     model.compile(loss=build_loss(name), metrics=build_metrics(name, cfg.train.metrics))
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, step=step)

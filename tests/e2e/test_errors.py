@@ -193,7 +193,7 @@ ROWS = {
         run="FAILED",
     ),
     "model-target-wrong-arguments": Row(
-        ["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' does not accept the model config"], run="FAILED"
+        ["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' could not be called with"], run="FAILED"
     ),
     "model-target-not-keras": Row(
         ["model._target_=builtins.dict"], 2, ["model._target_='builtins.dict' returned dict, not a tf_keras model"], run="FAILED"
