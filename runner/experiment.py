@@ -147,7 +147,7 @@ def _loss_for(model, cfg, arrays, run):
     kind, layer = check_output(model, target, loss, arrays.num_outputs, arrays.task, probe_examples(arrays)[0])
     if loss in CROSSENTROPIES:
         run.set_tags({"model_outputs": kind})
-        log.info("the model outputs %s (last layer %s): %s with from_logits=%s", kind, layer, loss, kind != PROBABILITIES)
+        log.info("the model outputs %s: its last layer is %s; %s with from_logits=%s", kind, layer, loss, kind != PROBABILITIES)
     return for_outputs(loss, kind)
 
 

@@ -115,7 +115,7 @@ def check_output(model, target: str, loss, num_outputs: int, task: str, x_probe)
     if shape != (needed,):
         numbers = "num_classes (or num_outputs)" if task == "classification" else "num_outputs"
         raise ConfigError(
-            f"model._target_={target!r} outputs shape {list(shape)} per example (its last layer: {said}), but {what}. "
+            f"model._target_={target!r} outputs shape {list(shape)} per example from its last layer, {said}, but {what}. "
             f"Build the last layer with the {numbers} the runner passes (add that parameter to the function), or "
             "check the data's classes or targets. Nothing was trained."
         )

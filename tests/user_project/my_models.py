@@ -44,3 +44,40 @@ def keras3_mlp(input_shape, num_outputs, hidden_units=(8,), activation="relu"):
 
     hidden = [keras.layers.Dense(units, activation=activation) for units in hidden_units]
     return keras.Sequential([keras.Input(input_shape), *hidden, keras.layers.Dense(num_outputs)])
+
+
+def image_classifier(input_shape, num_classes):
+    """A classifier as TensorFlow 2.21's tutorials write one: Keras 3, the data's num_classes, softmax at the end."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input(shape=input_shape),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(num_classes, activation="softmax"),
+        ]
+    )
+
+
+def image_classifier_logits(input_shape, num_classes):
+    """The same model returning logits (no softmax): it trains to the same weights as image_classifier."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input(shape=input_shape),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(num_classes),
+        ]
+    )
+
+
+def mnist_head(input_shape):
+    """A tutorial's model copied as is: its 10 classes written into the last layer, whatever the data have."""
+    import keras
+
+    return keras.Sequential(
+        [keras.Input(shape=input_shape), keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")]
+    )
