@@ -112,7 +112,7 @@ def check_output(model, target: str, loss, num_outputs: int, task: str, x_probe)
         needed, what = num_outputs, f"the data have {num_outputs} target(s) per example: mse needs one output each"
     else:
         return kind, said
-    if shape != (needed,):
+    if shape != (needed,) and not (loss == "mse" and needed == 1 and shape == ()):  # one target: [batch] works too
         numbers = "num_classes (or num_outputs)" if task == "classification" else "num_outputs"
         raise ConfigError(
             f"model._target_={target!r} outputs shape {list(shape)} per example from its last layer, {said}, but {what}. "
