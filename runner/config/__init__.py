@@ -5,7 +5,8 @@ The typed schema (Hydra's ConfigStore), the registry of each group's options, th
 (`redact`), and every private Hydra name the runner touches (`hydra_private`).
 
 Imports: runner.errors, runner.builders (the options' schemas live beside their builders, imported to register
-them), runner.models (the Keras applications' names), runner.preflight (`validate` ends with the machine's probes)
+them), runner.models (the Keras applications' names), runner.preflight (`validate` ends with the machine's probes),
+runner.sweeps.search_config (the node of hydra/sweeper=optuna, registered with the schema)
 TensorFlow: never
 mlflow: never
 """

@@ -21,6 +21,7 @@ from runner.builders.optimizer import Optimizer, Schedule
 from runner.builders.strategy import VariablePartitionerConfig  # noqa: F401  (listed with the plain nodes' schemas)
 from runner.config import helptext, hydra_private, registry
 from runner.config.fields import UINT32_MAX, Range, choice, ranged  # noqa: F401  (Range, ranged: their old home)
+from runner.sweeps import search_config
 
 
 # --- plain nodes of the root config ---
@@ -154,8 +155,10 @@ class CheckpointConfig:
 @dataclass
 class SweepConfig:
     # the metric a sampling sweeper (hydra/sweeper=optuna) optimises: each job returns its final value, read from
-    # the summary.json the job's own process writes; the report lists the jobs best first
-    objective: str = "eval/loss"
+    # the summary.json the job's own process writes; the report lists the jobs best first. A list
+    # ([eval/loss, summary/examples_per_sec], with hydra.sweeper.direction=[minimize, maximize]) is a search for the
+    # Pareto front of several objectives
+    objective: Any = "eval/loss"
 
 
 @dataclass
@@ -188,6 +191,11 @@ def register() -> None:
     OmegaConf.register_new_resolver("runner.config_groups", helptext.for_template, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="runner_schema", node=RunnerConfig)
+    search_config.register(cs)  # hydra/sweeper=optuna: the runner's own sweeper on the current Optuna
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.runner_sweeper import RunnerOptunaSweeper
+
+    Plugins.instance().register(RunnerOptunaSweeper)  # an editable install is not on Hydra's plugin scan path
     for group in registry.GROUPS:
         for option in registry.options(group).values():
             cs.store(group=f"schema/{group}", name=option.name, node=option.node())

@@ -471,6 +471,32 @@ def strategy_takes_input(cfg):
         )
 
 
+# what a run's summary.json holds beside eval/<name> (runner.experiment: the run's final figures), for sweep.objective
+SUMMARY_FIGURES = (
+    "final_loss",
+    "summary/examples_per_sec",
+    "summary/examples_per_sec_per_replica",
+    "summary/step_time_ms",
+    "time/train_sec",
+    "time/first_step_sec",
+    "time/to_first_step_sec",
+)
+
+
+@check
+def sweep_objective(cfg):
+    """sweep.objective: figures every run writes (a sampling sweeper reads them), one or a list of them."""
+    objective = cfg.sweep.objective
+    names = list(objective) if isinstance(objective, ListConfig) else [objective]
+    for name in names:
+        if not names or not isinstance(name, str) or not (name.startswith("eval/") or name in SUMMARY_FIGURES):
+            raise ConfigError(
+                f"sweep.objective={OmegaConf.to_container(objective) if isinstance(objective, ListConfig) else objective!r}: "
+                f"{name!r} is not a figure a run reports. Give eval/<metric> (eval/loss, eval/accuracy, or one of "
+                f"train.metrics), or one of {', '.join(SUMMARY_FIGURES)}; a list of them searches for their Pareto front."
+            )
+
+
 @check
 def keras_app_model(cfg):
     """model=keras_app: weights to download (imagenet), a resize_to that is not [h, w], keys it sets itself."""

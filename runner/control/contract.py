@@ -59,11 +59,12 @@ def start_child(argv: list[str], env: dict[str, str], **popen_kwargs) -> subproc
     return procs.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen_kwargs)
 
 
-def request_parent_run(path: str, experiment_name: str, run_name: str, tags: dict) -> None:
+def request_parent_run(path: str, experiment_name: str, run_name: str, tags: dict, keep: bool = False) -> None:
     """What the sweep's parent run is to be, for the process that creates it first (store.sweep_parent), recorded as
-    this process's; an earlier sweep's run id in `path` (this directory, no live sweep owning it) is dropped."""
+    this process's; an earlier sweep's run id in `path` (this directory, no live sweep owning it) is dropped, unless
+    `keep`: a continued search goes on in the same parent run."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path):
+    if os.path.exists(path) and not keep:
         os.remove(path)
     request = {"experiment_name": experiment_name, "run_name": run_name, "tags": tags, "owner": procs.identity()}
     _write_whole(parent_request(path), request)

@@ -18,13 +18,14 @@ import threading
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner.config import layout
 from runner.config.redact import error_line, redact, redact_mapping, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
+from runner.sweeps.search import continues_study, objectives
 from runner.sweeps.server import MlflowServer
 from runner.sweeps.spares import Spares
 
@@ -35,7 +36,6 @@ HYDRA_LAUNCHER_LOGS = (
     "hydra_plugins.hydra_joblib_launcher._core",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
 )
-OPTUNA_SWEEPER_LOG = "hydra_plugins.hydra_optuna_sweeper._impl"
 STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
 PARENT_FILE = "parent-run.json"  # in STATE_DIR: the parent run's id once it exists (contract.announce_parent_run)
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -59,14 +59,6 @@ class _NoPerJobLine(logging.Filter):
             return False
         self.said.add(message)
         return True
-
-
-class _NoStudyNoise(logging.Filter):
-    """Drops the Optuna sweeper's lines that say nothing to a user (a generated study name, `Storage: None`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Study name: no-name-") or message == "Storage: None")
 
 
 def _state(sweep_dir: str, name: str) -> str:
@@ -190,12 +182,16 @@ def run_sweep_job(cfg: DictConfig) -> float:
         status["error"] = "".join(tail)
         _record_failed_start(cfg, job_dir, num, overrides, status["error"])
         log.error("job %s failed (exit code %d); the sweep goes on", label, code)
-    objective = None if code else _objective(cfg.sweep.objective, job_dir, label)
-    status["objective"] = objective
+    names = objectives(cfg)
+    values = [None if code else _objective(name, job_dir, label) for name in names]
+    status["objective"] = values[0] if len(names) == 1 else values
     with open(_state(sweep_dir, f"job-{num}.json"), "w") as f:
         json.dump(status, f)
-    worst = -math.inf if hc.sweeper.get("direction") == "maximize" else math.inf
-    return worst if objective is None else objective
+    given = hc.sweeper.get("direction")
+    ways = list(given) if OmegaConf.is_list(given) else [given] * len(names)
+    worst = [-math.inf if way == "maximize" else math.inf for way in ways]
+    values = [w if v is None else v for v, w in zip(values, worst)]
+    return values[0] if len(names) == 1 else values
 
 
 class SweepStopped(KeyboardInterrupt):
@@ -356,11 +352,6 @@ class SweepCallback(Callback):
         logging.getLogger("submitit").addFilter(slurm.SacctQuiet())
         for name in HYDRA_LAUNCHER_LOGS:  # each job is announced once, by run_sweep_job, with secrets masked
             logging.getLogger(name).addFilter(_NoPerJobLine())
-        logging.getLogger(OPTUNA_SWEEPER_LOG).addFilter(_NoStudyNoise())
-        if "optuna" in str(hc.sweeper.get("_target_", "")):  # imported by its sweeper anyway, right after this
-            import optuna
-
-            optuna.logging.set_verbosity(optuna.logging.WARNING)  # its coloured study and trial lines: the report tells
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later
@@ -378,6 +369,7 @@ class SweepCallback(Callback):
                 "sweep.jobs": label,
                 "sweep.dir": os.path.abspath(sweep_dir),
             },
+            keep=continues_study(config),
         )
         os.environ[contract.PARENT_RUN_FILE] = announced
         log.info("sweep of %s jobs into %s", label, sweep_dir)
@@ -403,11 +395,13 @@ class SweepCallback(Callback):
             if not parent:
                 return
             direction = config.hydra.sweeper.get("direction")  # a sampling sweeper's (Optuna): the report ranks by it
+            if OmegaConf.is_list(direction):  # several objectives: ranked by the first (the Pareto front: the study's)
+                direction = str(direction[0]) if len(direction) else None
             report = dict(
                 uri=cfg_uri(config),
                 parent_id=parent,
                 sweep_dir=sweep_dir,
-                objective=config.sweep.objective if direction else None,
+                objective=objectives(config)[0] if direction else None,
                 direction=direction,
             )
             failed = _server.report(report, _state(sweep_dir, "report.json")) if _server is not None else None

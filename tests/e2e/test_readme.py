@@ -404,8 +404,14 @@ def check_resume(scratch, args, result):
 
 
 def run_sweep(scratch, tokens):
+    """The sweep into a scratch directory; one that names its hydra.sweep.dir (a search README says goes on when run
+    again) runs twice, the second run as `proc.again`."""
     sweep_dir = scratch.dir("sweep-" + key(_runner_args(tokens)))
-    proc = scratch.run([*_python(tokens), *TINY, f"hydra.sweep.dir={sweep_dir}"], timeout=900)
+    given = [t for t in tokens if t.startswith("hydra.sweep.dir=")]
+    argv = [*_python([t for t in tokens if t not in given]), *TINY, f"hydra.sweep.dir={sweep_dir}"]
+    proc = scratch.run(argv, timeout=900)
+    if given:
+        proc.again = scratch.run(argv, timeout=300)
     return proc, sweep_dir
 
 
@@ -470,6 +476,10 @@ def check_sweep(scratch, args, result):
         check_search(sweep_dir, parent, children)
     elif any(c.data.tags.get("num_replicas_in_sync") == "1" for c in children):  # a baseline to scale against
         assert (sweep_dir / "scaling_efficiency.png").exists(), "scaling_efficiency.png missing"
+    if getattr(proc, "again", None) is not None:  # the same search again: it goes on (nothing left: no new trial)
+        _ok(proc.again)
+        again = proc.again.stdout + proc.again.stderr
+        assert "continuing the study" in again and "[#" not in again, again[-2000:]  # no job ran again
     assert not (scratch.root / "multirun").exists(), "a job started a sweep of its own"
     said = proc.stdout
     if any(a.startswith("hydra/launcher=submitit") for a in args):  # the jobs' own lines are in submitit's logs
