@@ -147,12 +147,13 @@ def where_line(run, cfg) -> str:
 
 
 def refused(err: BaseException, created: bool) -> bool:
-    """Whether a run that ends with `err` is deleted rather than left FAILED: a ConfigError (exit 2: the user's model,
-    data or a _target_ cannot train) raised before this process's first training step, in a run this process created.
-    Such a run trained nothing, and kept FAILED it would only crowd the user's results. A continued or attached run
-    holds training (or is another process's to end), and errors of other kinds (a lost peer, damaged data, a loss
-    that blew up, a crash) are failures of a run meant to train: those stay FAILED, with their error."""
-    return isinstance(err, ConfigError) and created and not phases.trained()
+    """Whether a run that ends with `err` is deleted rather than left FAILED: a refusal (a ConfigError, exit 2: the
+    user's model, data or a _target_ cannot train; data.verify's DataRefused, exit 5) raised before this process's
+    first training step, in a run this process created. Such a run trained nothing, and kept FAILED it would only
+    crowd the user's results. A continued or attached run holds training (or is another process's to end), and the
+    other errors (a lost peer, data that broke while read, a loss that blew up, a crash) are failures of a run meant
+    to train, whose messages point at resume=<dir>: those stay FAILED, with their error."""
+    return getattr(err, "trained_nothing", False) and created and not phases.trained()
 
 
 def deleted_line(err: BaseException) -> str:

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import FAST, composed, mlflow_run_by_name
+from helpers import FAST, assert_refused_run_deleted, composed, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: trains through `python -m runner`
 
@@ -153,8 +153,7 @@ def test_keras3_refusals_end_the_command_with_exit_2_before_training(runner, cas
     assert result.returncode == 2, result.output[-3000:]
     assert all(s in result.output for s in says) and "Traceback" not in result.output, result.output[-3000:]
     assert "epoch 1/" not in result.output and not (result.run_dir / "checkpoints").exists()
-    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, f"refused-{case}")
-    assert run.info.status == "FAILED"
+    assert_refused_run_deleted(runner.uri, EXPERIMENT, f"refused-{case}", result, says[0])
 
 
 def test_keras3_under_parameter_server_is_refused_before_training(runner):
