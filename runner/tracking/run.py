@@ -153,7 +153,7 @@ def refused(err: BaseException, created: bool) -> bool:
     crowd the user's results. A continued or attached run holds training (or is another process's to end), and the
     other errors (a lost peer, data that broke while read, a loss that blew up, a crash) are failures of a run meant
     to train, whose messages point at resume=<dir>: those stay FAILED, with their error."""
-    return getattr(err, "trained_nothing", False) and created and not phases.trained()
+    return bool(getattr(err, "trained_nothing", False) and created and not phases.trained())
 
 
 def deleted_line(err: BaseException) -> str:
@@ -269,11 +269,10 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
 def _forget_run_id(output_dir: str | None, run_id: str) -> None:
     """The run id saved beside a deleted run's outputs goes with it: that directory holds no run now, so the same
     hydra.run.dir again starts a new one, and resume=<dir> says there is nothing to continue."""
-    path = os.path.join(output_dir or "", layout.RUN_ID_FILE)
     try:
-        if output_dir and open(path).read().strip() == run_id:
-            os.remove(path)
-    except OSError:
+        if output_dir and _saved_run_id(output_dir) == run_id:
+            os.remove(os.path.join(output_dir, layout.RUN_ID_FILE))
+    except OSError:  # a read-only directory: the run is deleted all the same, and resume= says so (store.take_over)
         pass
 
 
