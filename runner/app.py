@@ -257,7 +257,9 @@ def main(cfg: DictConfig) -> float | None:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
         if isinstance(err, ConfigError):
             restore_record()  # a refused resume= trained nothing: its command is not the run's record
-        print(redact(f"Error: {err}"), file=sys.stderr)
+        from runner.tracking.run import deleted_line
+
+        print(redact(f"Error: {err}{deleted_line(err)}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt as err:  # before the signal handlers were installed (or a task that only serves)
         marked = " the MLflow run is marked KILLED and" if getattr(err, "run_killed", False) else ""

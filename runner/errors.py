@@ -3,12 +3,16 @@
 
 class RunnerError(Exception):
     exit_code = 1
+    # Raised before the first training step as a refusal of what the user gave: the run trained nothing, and an MLflow
+    # run created for it is deleted rather than kept FAILED (runner.tracking.run.refused).
+    trained_nothing = False
 
 
 class ConfigError(RunnerError):
     """A config value (or the machine it runs on) cannot work; the message says what to use instead."""
 
     exit_code = 2
+    trained_nothing = True
 
 
 class ClusterError(RunnerError):
@@ -28,3 +32,9 @@ class DataError(RunnerError):
     unlike its spec); the message names the file where TensorFlow tells, and the last checkpoint is kept."""
 
     exit_code = 5
+
+
+class DataRefused(DataError):
+    """data.verify found a damaged record before training: the file and record are named, nothing was trained."""
+
+    trained_nothing = True

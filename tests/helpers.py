@@ -127,15 +127,35 @@ def run_runner(args, cwd, run_dir, tracking_uri=None, env_extra=None, timeout=30
     return Completed(list(args), proc.returncode, proc.stdout, proc.stderr, Path(run_dir))
 
 
-def mlflow_run_by_name(uri, experiment, name):
+def mlflow_run_by_name(uri, experiment, name, deleted=False):
+    """The one run named `name`: an active one, as search_runs shows by default, or with deleted=True a deleted one."""
     from mlflow import MlflowClient
+    from mlflow.entities import ViewType
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None, f"no MLflow experiment {experiment!r}"
-    found = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
-    assert len(found) == 1, f"expected one run named {name!r}, found {len(found)}"
+    view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
+    found = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'", run_view_type=view)
+    assert len(found) == 1, f"expected one {'deleted' if deleted else 'active'} run named {name!r}, found {len(found)}"
     return client, found[0]
+
+
+def assert_refused_run_deleted(uri, experiment, name, result, says):
+    """A run refused before its first step (exit 2) left no run among the results: its run is deleted (still FAILED
+    with its error, for whoever restores it), none of that name is active, and the error's paragraph says so."""
+    _, run = mlflow_run_by_name(uri, experiment, name, deleted=True)
+    assert run.info.lifecycle_stage == "deleted" and run.info.status == "FAILED"
+    assert says in run.data.tags["error"]
+    from mlflow import MlflowClient
+
+    exp = MlflowClient(uri).get_experiment_by_name(experiment)
+    active = MlflowClient(uri).search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
+    assert not active, f"{name}: an active run is left: {[r.info.status for r in active]}"
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert says in error and f"The MLflow run {run.info.run_id} was deleted (nothing was trained)" in error, error
+    assert not (result.run_dir / "mlflow_run_id").exists()  # the directory holds no run: resume= has nothing to continue
+    return run
 
 
 def load_weights(path):

@@ -176,7 +176,7 @@ class Throughput:
         now = time.perf_counter()
         if self.first_step_sec is None:
             self.first_step_sec = now - self._start
-            phases.mark("first step")  # tracing included
+            phases.mark(phases.FIRST_STEP)  # tracing included
             ahead.hold()  # a sweep's next job, started ahead: still while the steps are timed
             self.to_first_step_sec = now - runner.STARTED
             self._warm_time = self._window_time = now

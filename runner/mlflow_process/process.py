@@ -55,6 +55,18 @@ class Calls:
     def set_terminated(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status)
 
+    def delete_run(self, run_id: str) -> bool:
+        """A run refused before its first step: ended FAILED (so that restoring it does not bring back a run that looks
+        RUNNING), then deleted, MLflow's way: hidden from the UI's and search_runs' default view, restorable until
+        `mlflow gc`. Returns False when the store ended it but would not delete it (it stays FAILED)."""
+        self.client.set_terminated(run_id, "FAILED")
+        try:
+            self.client.delete_run(run_id)
+        except Exception as err:  # a server that refuses deletes (permissions): not an outage to wait out
+            log.warning("MLflow run %s was refused before training but could not be deleted (%s)", run_id, redact(str(err))[:300])
+            return False
+        return True
+
     def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         if os.path.isdir(path):  # a directory's files (train.profile_steps' trace)
             self.client.log_artifacts(run_id, path, artifact_path)

@@ -146,6 +146,11 @@ def take_over(client, run, epochs: int, output_dir: str, me: int | None = None, 
     info, name = run.info, f"{run.info.run_name} ({run.info.run_id})"
     where = f"resume={output_dir}:" if explicit else f"hydra.run.dir={output_dir} holds an earlier run, which is continued:"
     new_run = "for a new run, leave resume= out" if explicit else "for a new run, pass another hydra.run.dir"
+    if info.lifecycle_stage == "deleted":  # deleted by hand since (a refused run's id file is removed with it)
+        raise ConfigError(
+            f"{where} its MLflow run {name} is deleted, and training into it would hide all it logs. To continue it, "
+            f"restore it first (`mlflow runs restore --run-id {info.run_id}`); {new_run}."
+        )
     if info.status == "FINISHED":
         # The epochs it was last asked for (the tag: a resume may have changed them), else the first run's (params
         # cannot change on resume).

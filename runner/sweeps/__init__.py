@@ -2,7 +2,8 @@
 
 The Hydra callback that makes one MLflow parent run per sweep and starts every job (`sweep`), the next job's
 process started ahead (`spares`), the MLflow server that forks each job's MLflow process and the report's
-(`server`), the comparison report and its plots from the child runs (`report`), and Slurm jobs under the submitit
+(`server`), the comparison report and its plots from the child runs and the jobs' own records (`report`: a refused
+job leaves no run), and Slurm jobs under the submitit
 launcher (`slurm`).
 
 Imports: runner.errors, runner.config, runner.control, runner.tracking, runner.mlflow_process (the store, to read

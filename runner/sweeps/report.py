@@ -1,6 +1,7 @@
 """The sweep's comparison report, from the child runs in MLflow: a table (terminal, CSV, Markdown) and
 plots (throughput per job, loss curves, scaling efficiency), saved in the sweep directory and logged as
-artifacts of the parent run."""
+artifacts of the parent run. A job that left no run (refused before its first step, its run deleted; or failed
+before a run existed) has a row from the sweep's own record of it, status REFUSED (exit 2) or FAILED."""
 
 import csv
 import glob
@@ -26,13 +27,19 @@ SHARED = ("strategy", "executor", "replicas")  # dropped from the shown table wh
 NOT_SWEPT = ("strategy", "executor", "experiment", "hydra.")  # columns of their own, or not a searched value
 
 
+REFUSED = "REFUSED"  # a job refused before its first step (exit 2): it trained nothing and left no run
+
+
+def _given(overrides) -> dict[str, str]:
+    return dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+
+
 def _overrides(run) -> dict[str, str]:
-    return dict(o.lstrip("+~").split("=", 1) for o in run.data.tags.get("overrides", "").split() if "=" in o)
+    return _given(run.data.tags.get("overrides", "").split())
 
 
-def swept_keys(runs) -> list[str]:
+def swept_keys(given: list[dict[str, str]]) -> list[str]:
     """The override keys whose value differs between jobs (what a grid or a sampler searched), in first-seen order."""
-    given = [_overrides(r) for r in runs]
     keys = dict.fromkeys(k for o in given for k in o if not k.startswith(NOT_SWEPT))
     return [k for k in keys if len({o.get(k, "") for o in given}) > 1]
 
@@ -62,6 +69,20 @@ def _row(run, swept=()) -> dict:
         "final_loss": m.get("loss", ""),
         "eval_loss": m.get("eval/loss", ""),
         "eval_accuracy": m.get("eval/accuracy", ""),
+    }
+
+
+def _job_row(record: dict, swept=()) -> dict:
+    """The row of a job that left no run, from its record (runner.sweeps.sweep.run_sweep_job): what its overrides say."""
+    given = _given(record["overrides"])
+    row = {c: "" for c in COLUMNS}
+    return {
+        **row,
+        **{k: given.get(k, "") for k in swept},
+        "job": record["num"],
+        "status": REFUSED if record["returncode"] == 2 else "FAILED",
+        "strategy": given.get("strategy", ""),
+        "executor": given.get("executor", ""),
     }
 
 
@@ -188,19 +209,24 @@ def write_report(
 
     client = MlflowClient(uri)
     parent = client.get_run(parent_id)
-    runs = client.search_runs(
+    runs = client.search_runs(  # active runs: a refused job's run was deleted
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=10000
     )
-    swept = swept_keys(runs)
+    results = []
+    for path in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json")):
+        with open(path) as f:
+            results.append(json.load(f))
+    with_runs = {r.data.tags.get("sweep.job_num") for r in runs}
+    runless = sorted((s for s in results if s["returncode"] and str(s["num"]) not in with_runs), key=lambda s: s["num"])
+    swept = swept_keys([_overrides(r) for r in runs] + [_given(s["overrides"]) for s in runless])
     pairs = sorted(zip(runs, [_row(r, swept) for r in runs]), key=lambda p: p[1]["job"])
     runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
     if objective:
         runs, rows = ranked(runs, rows, objective, direction or "minimize")
         _tag_best(client, parent_id, runs, objective)
-    results = []
-    for path in glob.glob(os.path.join(sweep_dir, ".runner", "job-*.json")):
-        with open(path) as f:
-            results.append(json.load(f))
+    plotted = rows
+    extra = [_job_row(s, swept) for s in runless]  # ranked: after the jobs with an objective (they have none)
+    rows = rows + extra if objective else sorted(rows + extra, key=lambda r: r["job"])
     failed = [f"#{s['num']} ({' '.join(s['overrides'])})" for s in sorted(results, key=lambda s: s["num"]) if s["returncode"]]
     failed += [
         f"#{r['job']} ({r['run']})"
@@ -214,7 +240,7 @@ def write_report(
     with open(os.path.join(sweep_dir, "report.md"), "w") as f:
         f.write(markdown(rows, swept))
     files = [os.path.join(sweep_dir, "report.csv"), os.path.join(sweep_dir, "report.md")]
-    files += plots(client, runs, rows, sweep_dir)
+    files += plots(client, runs, plotted, sweep_dir)
     for path in files:
         client.log_artifact(parent_id, path, "report")
     print("\n" + table_text(rows, swept) + "\n")

@@ -20,8 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import layout
-from runner.config.redact import error_line, redact, redact_mapping, redact_uri
+from runner.config.redact import error_line, redact, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
@@ -179,8 +178,7 @@ def run_sweep_job(cfg: DictConfig) -> float:
         return math.nan  # Hydra's submitit launcher returns task 0's value
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
     if code:
-        status["error"] = "".join(tail)
-        _record_failed_start(cfg, job_dir, num, overrides, status["error"])
+        status["error"] = "".join(tail)  # a job that left no run (refused: its run deleted) is reported from this
         log.error("job %s failed (exit code %d); the sweep goes on", label, code)
     names = objectives(cfg)
     values = [None if code else _objective(name, job_dir, label) for name in names]
@@ -305,37 +303,6 @@ def cfg_uri(cfg) -> str:
     return uri
 
 
-def _record_failed_start(cfg, job_dir, num, overrides, error) -> None:
-    """A job that failed before its child run existed (a config error) still gets a FAILED child run."""
-    if os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE)):
-        return
-    parent_id = _ensure_parent(cfg_uri(cfg))
-    if not parent_id:
-        return
-    from mlflow import MlflowClient
-    from mlflow.entities import Param
-    from omegaconf import OmegaConf
-
-    from runner.tracking.run import flatten
-
-    client = MlflowClient(cfg_uri(cfg))
-    parent = client.get_run(parent_id)
-    run = client.create_run(
-        parent.info.experiment_id,
-        run_name=f"job-{num}",
-        tags={
-            "mlflow.parentRunId": parent_id,
-            "sweep.job_num": str(num),
-            "overrides": " ".join(overrides),
-            "error": error[-5000:],
-        },
-    )
-    params = [Param(k, v) for k, v in redact_mapping(flatten(OmegaConf.to_container(cfg, resolve=False))).items()]
-    for i in range(0, len(params), 100):
-        client.log_batch(run.info.run_id, params=params[i : i + 100])
-    client.set_terminated(run.info.run_id, "FAILED")
-
-
 class SweepCallback(Callback):
     """Opens the parent run before the jobs, and closes it with the report after them."""
 
@@ -412,8 +379,9 @@ class SweepCallback(Callback):
             failed = write_report(**report)
         if failed:
             print(
-                f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. "
-                f"Their errors are in MLflow and in {sweep_dir}/<job>/runner.log.",
+                f"Error: {len(failed)} of the sweep's jobs failed: {', '.join(failed)}. Their errors are above; a job "
+                "that trained has its run in MLflow (FAILED, with its error), and a job refused before training left "
+                f"none (REFUSED in {sweep_dir}/report.md).",
                 file=sys.stderr,
             )
             sys.exit(1)

@@ -9,6 +9,12 @@ import time
 import runner
 
 _marks = []  # (phase, perf_counter at its end)
+FIRST_STEP = "first step"  # marked by the executors' Throughput once the first training step has run
+
+
+def trained() -> bool:
+    """Whether this process has run a training step: a run refused before it trained nothing (runner.tracking.run)."""
+    return any(name == FIRST_STEP for name, _ in _marks)
 
 
 def mark(name: str) -> None:

@@ -131,6 +131,9 @@ class Pipe:
     def set_terminated(self, run_id: str, status: str) -> None:
         self.call("set_terminated", run_id=run_id, status=status)
 
+    def delete_run(self, run_id: str) -> bool:
+        return self.call("delete_run", run_id=run_id)
+
     def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         self.call("log_artifact", run_id=run_id, path=os.path.abspath(path), artifact_path=artifact_path)
 

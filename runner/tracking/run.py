@@ -1,4 +1,5 @@
-"""The MLflow run's lifecycle: started, continued or attached to; ended FINISHED, FAILED or KILLED.
+"""The MLflow run's lifecycle: started, continued or attached to; ended FINISHED, FAILED or KILLED, or deleted when
+it was refused before its first step (`refused`).
 
 MLflow itself runs in a process of its own (`runner.mlflow_process`), started by `prestart` before TensorFlow is
 imported; this process reaches it through `pipe.Pipe` and reports through `RunLog.log_metrics(values, step)`. mlflow
@@ -19,8 +20,9 @@ from runner.config import layout
 from runner.config.redact import is_secret_name, redact, redact_mapping, redact_uri
 from runner.control import contract
 from runner.errors import ConfigError
+from runner.tracking import phases
 from runner.tracking.pipe import Pipe, PipeError
-from runner.tracking.runlog import NullRun, RunLog
+from runner.tracking.runlog import DELETED, NullRun, RunLog
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3.17's own default: embedded, no server
 MAX_PARAM_LENGTH = 6000
@@ -55,7 +57,18 @@ def flatten(node, prefix: str = "") -> dict[str, str]:
     return out
 
 
-__all__ = ["NullRun", "RunLog", "mlflow_run", "prestart", "end_prestarted", "resolve_tracking_uri", "flatten", "env_tags"]
+__all__ = [
+    "NullRun",
+    "RunLog",
+    "mlflow_run",
+    "prestart",
+    "end_prestarted",
+    "refused",
+    "deleted_line",
+    "resolve_tracking_uri",
+    "flatten",
+    "env_tags",
+]
 
 _prestarted: dict[str, Pipe] = {}  # tracking URI -> the MLflow process started ahead of the run
 _early: dict[str, tuple[dict, Future]] = {}  # tracking URI -> a new run's start call, sent ahead: (its args, answer)
@@ -133,6 +146,24 @@ def where_line(run, cfg) -> str:
     return "; ".join(parts)
 
 
+def refused(err: BaseException, created: bool) -> bool:
+    """Whether a run that ends with `err` is deleted rather than left FAILED: a refusal (a ConfigError, exit 2: the
+    user's model, data or a _target_ cannot train; data.verify's DataRefused, exit 5) raised before this process's
+    first training step, in a run this process created. Such a run trained nothing, and kept FAILED it would only
+    crowd the user's results. A continued or attached run holds training (or is another process's to end), and the
+    other errors (a lost peer, data that broke while read, a loss that blew up, a crash) are failures of a run meant
+    to train, whose messages point at resume=<dir>: those stay FAILED, with their error."""
+    return bool(getattr(err, "trained_nothing", False) and created and not phases.trained())
+
+
+def deleted_line(err: BaseException) -> str:
+    """What the error's paragraph adds when its run was deleted (`refused`), else ''."""
+    run_id = getattr(err, "run_deleted", None)
+    if not run_id:
+        return ""
+    return f" The MLflow run {run_id} was deleted (nothing was trained); `mlflow runs restore --run-id {run_id}` brings it back."
+
+
 def discard_prestarted() -> None:
     """This process turned out not to log (a server or evaluator task): let its MLflow process go."""
     end_prestarted(None)
@@ -140,7 +171,7 @@ def discard_prestarted() -> None:
 
 def end_prestarted(err: BaseException | None) -> None:
     """Before `mlflow_run` took them: end each run created ahead, FAILED (KILLED for Ctrl-C or SIGTERM) naming `err`,
-    so that none is left RUNNING; then let the MLflow processes go."""
+    or deleted when `err` is a refusal (`refused`), so that none is left RUNNING; then let the MLflow processes go."""
     while _early:
         uri, (_, answer) = _early.popitem()
         _end_early(_prestarted[uri], answer, err)
@@ -159,6 +190,10 @@ def _end_early(pipe: Pipe, answer: Future, err: BaseException | None) -> None:
             tags.append(["error", f"{type(err).__name__}: {err}"[:5000]])
         if tags:
             pipe.log_batch(run_id, tags=tags)
+        if err is not None and refused(err, created=True):  # created ahead by this process, for this command
+            if pipe.delete_run(run_id):
+                err.run_deleted = run_id
+            return
         pipe.set_terminated(run_id, "KILLED" if killed else "FAILED")
     except Exception:  # never created (MLflow unreachable, the process gone): nothing to end
         pass
@@ -166,7 +201,8 @@ def _end_early(pipe: Pipe, answer: Future, err: BaseException | None) -> None:
 
 @contextlib.contextmanager
 def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Iterator[RunLog]:
-    """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED (Ctrl-C, SIGTERM).
+    """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED (Ctrl-C, SIGTERM), or deleted when this
+    process created it and it was refused before its first step (`refused`: the error's paragraph says so).
 
     A new run gets the composed config as params and artifacts. A run id saved in the output directory
     (a rerun or resume=<dir>) continues that run, after delivering what an earlier attempt left in its
@@ -187,7 +223,7 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
         raise
     monitored = cfg.mlflow.system_metrics and runlog.owner  # attached tasks: the launcher's run is monitored by it
     elastic_task = not runlog.owner and bool(os.environ.get(contract.ELASTIC))
-    status = "FAILED"
+    status, deleting = "FAILED", None
     try:
         yield runlog
         status = "FINISHED"
@@ -207,7 +243,10 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
         if elastic_task:  # the launcher decides whether the run failed; it keeps the error of its last generation
             runlog.set_tags({"elastic.last_task_error": f"{type(err).__name__}: {err}"})
             raise
-        runlog.set_tags({"error": f"{type(err).__name__}: {err}"})
+        runlog.set_tags({"error": f"{type(err).__name__}: {err}"})  # kept on a deleted run, for whoever restores it
+        if refused(err, created=runlog.owner and runlog.previous_status is None):
+            status, deleting = DELETED, err  # no error.txt: the message is the whole story, and the run goes
+            raise
         try:
             runlog.log_text("".join(traceback.format_exception(err)), "error.txt")
         except Exception:  # the server may be what failed; the error tag is queued either way
@@ -220,8 +259,21 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
             runlog.close(status)
             if stopping is not None:
                 _wait_system_metrics(stopping)
+            if deleting is not None and runlog.deleted:
+                _forget_run_id(cfg.output_dir, runlog.run_id)
+                deleting.run_deleted = runlog.run_id
         finally:
             pipe.close()
+
+
+def _forget_run_id(output_dir: str | None, run_id: str) -> None:
+    """The run id saved beside a deleted run's outputs goes with it: that directory holds no run now, so the same
+    hydra.run.dir again starts a new one, and resume=<dir> says there is nothing to continue."""
+    try:
+        if output_dir and _saved_run_id(output_dir) == run_id:
+            os.remove(os.path.join(output_dir, layout.RUN_ID_FILE))
+    except OSError:  # a read-only directory: the run is deleted all the same, and resume= says so (store.take_over)
+        pass
 
 
 def _logged_through(journaled: int | None, attached: bool) -> int | None:

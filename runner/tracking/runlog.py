@@ -17,6 +17,7 @@ from runner.tracking import journal, outbox
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 FLUSH_EVERY_SEC = 5.0  # mlflow.flush_every_sec (runner.config.schema)
 JOURNAL_EVERY_SEC = 1.0  # what a kill -9 can lose at most
+DELETED = "DELETED"  # close()'s status for a run refused before its first step (runner.tracking.run): not MLflow's
 
 log = logging.getLogger("runner")
 
@@ -42,6 +43,7 @@ class RunLog:
     ):
         self._client, self.run_id, self.tracking_uri, self.experiment_id = client, run_id, uri, experiment_id
         self.previous_status = previous_status  # a continued run's status before this attempt (None: a new run)
+        self.deleted = False  # close(DELETED) deleted it
         self.owner = owner  # False when attached to the launcher's run: the launcher ends it
         self.flush_every, self.delivery_timeout, self.outbox_dir = flush_every, delivery_timeout, outbox_dir
         self._metrics, self._tags = [], []
@@ -194,8 +196,9 @@ class RunLog:
             raise RuntimeError(f"MLflow at {redact_uri(self.tracking_uri)} is unreachable ({self._outage})")
         return self._client.log_model(self.run_id, keras_path, **args)
 
-    def close(self, status: str | None) -> None:
-        """Deliver everything, then end the run with `status` (None: leave it to its owner)."""
+    def close(self, status: str | None) -> bool:
+        """Deliver everything, then end the run with `status` (None: leave it to its owner; DELETED: end it FAILED and
+        delete it). Returns whether the store took it all, status included (else it is in the outbox)."""
         for thread in self._side:
             thread.join(self.delivery_timeout)
         self._stop.set()
@@ -218,10 +221,12 @@ class RunLog:
             else:
                 if self._journal is not None:  # everything is in the store: the journal has done its job
                     self._journal.close(remove=True)
-                return
+                return True
         except (KeyboardInterrupt, RunnerError):  # a second Ctrl-C (Stopped, while training's handler is in place)
             pass  # stop waiting, keep what is left in the outbox
-        path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags, status if self.owner else None)
+        # A run to delete is kept FAILED there: deleting is for a store that answers now, not for a later delivery.
+        kept = "FAILED" if status == DELETED else status
+        path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags, kept if self.owner else None)
         log.error(
             "MLflow at %s did not come back: %d value(s) of run %s are saved in %s. Send them with "
             "`python -m runner.deliver %s` once it is up (a rerun with resume= does it too).",
@@ -231,13 +236,17 @@ class RunLog:
             path,
             os.path.dirname(path),
         )
+        return False
 
     def _deliver_all(self, status: str | None) -> bool:
         if not self._deliver():
             return False
         if status and self.owner:
             try:
-                self._client.set_terminated(self.run_id, status)
+                if status == DELETED:
+                    self.deleted = bool(self._client.delete_run(self.run_id))
+                else:
+                    self._client.set_terminated(self.run_id, status)
             except Exception as err:
                 self._note_outage(err)
                 return False
@@ -285,4 +294,4 @@ class NullRun:
         return None
 
     def close(self, status):
-        pass
+        return True

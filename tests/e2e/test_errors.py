@@ -1,6 +1,6 @@
 """The bad-input matrix of docs/reliability.md, one case per row: each bad input gives one readable message that
 names the bad value and what would be valid, a non-zero exit, no traceback, no training, and no MLflow run
-marked successful (either no run at all, or one marked FAILED with the error recorded)."""
+marked successful (either no run at all, or one deleted, with the error recorded: nothing was trained)."""
 
 import json
 import re
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from helpers import ROOT, mlflow_run_by_name, run_runner
+from helpers import ROOT, assert_refused_run_deleted, run_runner
 
 EXPERIMENT = "errors"
 MWMS_TF_CONFIG = ["strategy=multi_worker_mirrored", "cluster=tf_config"]
@@ -21,7 +21,7 @@ class Row:
     args: list[str]
     code: int
     needles: list[str]
-    run: str | None = None  # None: no MLflow run may exist; "FAILED": one must, FAILED, with the error
+    run: str | None = None  # None: no MLflow run may exist; "deleted": one was created, then deleted with the error
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -152,7 +152,7 @@ ROWS = {
         ["MLFLOW_TRACKING_URI=http://127.0.0.1:{free} is unreachable", "Connection refused", "mlflow.enabled=false"],
         env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:{free}"},
     ),
-    # found once TensorFlow is up (exit 2): before any step; where the run had started it is FAILED
+    # found once TensorFlow is up (exit 2): before any step; where the run had started it is deleted
     "tpu-unreachable": Row(
         ["strategy=tpu", "cluster=tpu"], 2, ["cluster=tpu could not reach a TPU at cluster.tpu='local'", "strategy=mirrored"]
     ),
@@ -165,38 +165,38 @@ ROWS = {
         ["strategy=mirrored", "cross_device_ops=nccl"],
         2,
         ["cross_device_ops=nccl needs NVIDIA GPUs", "hierarchical_copy or reduction_to_one_device"],
-        run="FAILED",
+        run="deleted",
     ),
     "nccl-collectives-without-gpu": Row(
         ["strategy=multi_worker_mirrored", "cross_device_ops=nccl"],
         2,
         ["needs NVIDIA GPUs", "Use cross_device_ops=ring or auto"],
-        run="FAILED",
+        run="deleted",
     ),
     "batch-below-replicas": Row(
         ["strategy=mirrored", "devices.logical_cpus=4", "train.global_batch_size=3"],
         2,
         ["train.global_batch_size=3 is smaller than the 4 replicas"],
-        run="FAILED",
+        run="deleted",
     ),
-    "corrupt-data-file": Row(["data=npz", "data.path={tmp}/corrupt.npz"], 2, ["could not be read as a .npz file"], run="FAILED"),
+    "corrupt-data-file": Row(["data=npz", "data.path={tmp}/corrupt.npz"], 2, ["could not be read as a .npz file"], run="deleted"),
     "data-file-wrong-arrays": Row(
         ["data=npz", "data.path={tmp}/good.npz", "data.x_train=features"],
         2,
         ["has no array named features", "x_train, y_train"],
-        run="FAILED",
+        run="deleted",
     ),
     "model-target-missing": Row(
         ["model._target_=no_such_module.build"],
         2,
         ["model._target_='no_such_module.build' cannot be imported", "runner.models.mlp"],
-        run="FAILED",
+        run="deleted",
     ),
     "model-target-wrong-arguments": Row(
-        ["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' could not be called with"], run="FAILED"
+        ["model._target_=numpy.zeros"], 2, ["model._target_='numpy.zeros' could not be called with"], run="deleted"
     ),
     "model-target-not-keras": Row(
-        ["model._target_=builtins.dict"], 2, ["model._target_='builtins.dict' returned dict, not a tf_keras model"], run="FAILED"
+        ["model._target_=builtins.dict"], 2, ["model._target_='builtins.dict' returned dict, not a tf_keras model"], run="deleted"
     ),
 }
 # Rows of docs/reliability.md that other tests cover, and where.
@@ -308,11 +308,13 @@ def test_every_bad_input_gets_a_clear_error(runner, ports, data_dir):
             if row.run is None:
                 assert "MLflow run" not in result.output, "a run was started"
             else:
-                _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
-                assert run.info.status == row.run
-                assert fill(row.needles[0], values) in run.data.tags["error"]
+                assert_refused_run_deleted(runner.uri, EXPERIMENT, name, result, fill(row.needles[0], values))
         except AssertionError as err:
             failures.append(f"--- {name}: {err}")
+    # resume= of a directory whose run was deleted: its run id went with the run, so there is nothing to continue
+    refused_dir = results["model-target-missing"].run_dir
+    again = run_runner([f"resume={refused_dir}"], cwd=runner.root, run_dir=refused_dir, tracking_uri=runner.uri)
+    assert_clean_failure(again, 2, f"resume='{refused_dir}' is not an output directory", "there is nothing to continue")
     assert not failures, "\n".join(failures)
 
 

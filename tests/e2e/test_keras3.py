@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import FAST, composed, mlflow_run_by_name
+from helpers import FAST, assert_refused_run_deleted, composed, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: trains through `python -m runner`
 
@@ -153,8 +153,7 @@ def test_keras3_refusals_end_the_command_with_exit_2_before_training(runner, cas
     assert result.returncode == 2, result.output[-3000:]
     assert all(s in result.output for s in says) and "Traceback" not in result.output, result.output[-3000:]
     assert "epoch 1/" not in result.output and not (result.run_dir / "checkpoints").exists()
-    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, f"refused-{case}")
-    assert run.info.status == "FAILED"
+    assert_refused_run_deleted(runner.uri, EXPERIMENT, f"refused-{case}", result, says[0])
 
 
 def test_keras3_under_parameter_server_is_refused_before_training(runner):
@@ -164,5 +163,5 @@ def test_keras3_under_parameter_server_is_refused_before_training(runner):
     assert "returned a Keras 3 model" in result.output and "with strategy=parameter_server:" in result.output
     assert "Use strategy=multi_worker_mirrored" in result.output and "Traceback" not in result.output
     assert "task chief:0 refused the configuration (exit code 2" in result.output  # the launcher: not a lost task (3)
-    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "ps")
-    assert run.info.status == "FAILED"
+    # the launcher's run, which the chief attached to, trained nothing: deleted by the launcher, which created it
+    assert_refused_run_deleted(runner.uri, EXPERIMENT, "ps", result, "task chief:0 refused the configuration (exit code 2")

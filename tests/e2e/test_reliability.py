@@ -53,6 +53,7 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_good_checkpoint(runne
         assert "Traceback" not in result.output
         _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, name)
         assert run.info.status == "FAILED" and "loss became" in run.data.tags["error"]
+        assert run.info.lifecycle_stage == "active"  # it trained: a failure during training is kept, not deleted
         # The kept checkpoint holds finite weights, model and optimizer alike; no later (bad) one was written.
         assert checkpoint_finite(result.run_dir / "checkpoints" / f"ckpt-{good_step}")
 

@@ -105,14 +105,22 @@ def test_failed_jobs_are_recorded_and_the_sweep_goes_on(runner):
     assert "job #" not in refused.stdout  # it started no job
     assert proc.returncode == 1
     assert "3 of the sweep's jobs failed: #1" in proc.stderr and "#2" in proc.stderr and "#3" in proc.stderr
-    _, parent, children = family(runner, "failing")
+    # Every failure is a refusal (exit 2), before any step: no child run is left for them, and the report lists them.
+    assert "REFUSED in" in proc.stderr
+    client, parent, children = family(runner, "failing")
     assert parent.info.status == "FAILED" and parent.data.tags["sweep.failed_jobs"] == "3"
-    assert [c.info.status for c in children] == ["FINISHED", "FAILED", "FAILED", "FAILED"]
-    assert "cross_device_ops=nccl needs NVIDIA GPUs" in children[1].data.tags["error"]  # failed inside its run
-    assert "needs a cluster of worker and ps tasks" in children[2].data.tags["error"]  # failed before one existed
-    assert children[2].data.params["strategy.name"] == "parameter_server"
+    assert [c.info.status for c in children] == ["FINISHED"]
+    from mlflow.entities import ViewType
+
+    (deleted,) = client.search_runs(  # #1 was refused inside its run (after TensorFlow's import): deleted
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", ViewType.DELETED_ONLY
+    )
+    assert deleted.data.tags["sweep.job_num"] == "1" and "cross_device_ops=nccl needs NVIDIA GPUs" in deleted.data.tags["error"]
+    assert f"The MLflow run {deleted.info.run_id} was deleted (nothing was trained)" in proc.stdout  # [#1]'s line
     with open(sweep_dir / "report.csv") as f:
-        assert [r["status"] for r in csv.DictReader(f)] == ["FINISHED", "FAILED", "FAILED", "FAILED"]
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["FINISHED", "REFUSED", "REFUSED", "REFUSED"]
+    assert [r["cross_device_ops"] for r in rows] == ["auto", "nccl", "auto", "nccl"]  # a refused job's overrides too
 
 
 def test_experiment_presets_compose():

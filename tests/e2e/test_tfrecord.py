@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ELASTIC, ROOT, LiveRun, check_elastic_run, mlflow_run_by_name
+from helpers import ELASTIC, ROOT, LiveRun, assert_refused_run_deleted, check_elastic_run, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: TensorFlow, `python -m runner` and its clusters
 
@@ -184,7 +184,8 @@ def test_a_record_damaged_mid_file_is_named_and_data_verify_finds_it_first(runne
     assert where in error and f"corrupted record at {offset + 12} (DataLossError)" in error, error
     assert f"python -m runner resume={trained.run_dir}" in error
     _, run = mlflow_run_by_name(runner.uri, "damaged-data", "damaged-train")
-    assert run.info.status == "FAILED" and "record 100" in run.data.tags["error"]
+    assert run.info.status == "FAILED" and "record 100" in run.data.tags["error"]  # it trained: kept, not deleted
+    assert run.info.lifecycle_stage == "active" and (trained.run_dir / "mlflow_run_id").is_file()
     verified = done["damaged-verify"]
     assert verified.returncode == 5 and "Traceback" not in verified.output, verified.output[-3000:]
     (error,) = [line for line in verified.stderr.splitlines() if line.startswith("Error:")]
@@ -192,6 +193,7 @@ def test_a_record_damaged_mid_file_is_named_and_data_verify_finds_it_first(runne
         f"Error: data.verify: {damaged}/train-00001-of-00004.tfrecord (data.train_files) cannot be read at record 100"
     )
     assert "nothing was trained" in error and "training with" not in verified.output
+    assert_refused_run_deleted(runner.uri, "damaged-data", "damaged-verify", verified, "data.verify: ")  # exit 5, refused
 
 
 def consumed(ids_dir):

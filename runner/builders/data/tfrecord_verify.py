@@ -7,7 +7,7 @@ import logging
 import os
 import time
 
-from runner.errors import DataError
+from runner.errors import DataRefused
 
 BATCH = 1024  # records per read: big enough that TensorFlow's per-batch cost vanishes
 log = logging.getLogger("runner")
@@ -26,7 +26,7 @@ def _first_bad(tf, path: str, start: int, parse) -> int:
 
 
 def verify(data) -> None:
-    """Read data.source's train and eval files through `data`'s parser; DataError at the first bad record."""
+    """Read data.source's train and eval files through `data`'s parser; DataRefused at the first bad record."""
     import numpy as np
     import tensorflow as tf
 
@@ -48,14 +48,14 @@ def verify(data) -> None:
                     labels = y.numpy()
                     if classes is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
                         bad = int(np.flatnonzero((labels < 0) | (labels >= classes))[0])
-                        raise DataError(
+                        raise DataRefused(
                             f"data.verify: {path} ({key}), record {n + bad}, holds the label {labels[bad]}, outside the "
                             f"{classes} classes 0..{classes - 1} (data.num_classes, or the spec file's); nothing was "
                             "trained. Fix the labels, or set data.num_classes to the number of classes the files hold."
                         )
                     n += len(labels)
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-                raise DataError(
+                raise DataRefused(
                     f"data.verify: {path} ({key}) cannot be read at record {_first_bad(tf, path, n, parse)}: "
                     f"{tf_says(str(err))} ({type(err).__name__}); nothing was trained. Replace the file with a good "
                     "copy (or write it again with python -m runner.export), or leave it out of "

@@ -314,6 +314,16 @@ def test_a_run_directory_reused_without_resume_is_named_as_such(mlflow):
     assert "resume=" not in str(err.value) and "pass another hydra.run.dir" in str(err.value)
 
 
+def test_a_deleted_run_is_not_continued_until_it_is_restored(mlflow):
+    client, experiment = mlflow
+    run = owned_run(client, experiment, None, status="KILLED")
+    client.delete_run(run.info.run_id)
+    with pytest.raises(ConfigError, match=rf"is deleted, .* \(`mlflow runs restore --run-id {run.info.run_id}`\)"):
+        store.take_over(client, client.get_run(run.info.run_id), epochs=2, output_dir="/runs/a")
+    client.restore_run(run.info.run_id)
+    store.take_over(client, client.get_run(run.info.run_id), epochs=2, output_dir="/runs/a")
+
+
 def test_a_finished_run_without_a_recorded_epoch_count_is_not_continued(mlflow):
     client, experiment = mlflow
     run = owned_run(client, experiment, None, status="FINISHED")

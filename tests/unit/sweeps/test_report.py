@@ -124,6 +124,29 @@ def test_failed_jobs_are_named_and_fail_the_parent(sweep):
     assert not (sweep_dir / "scaling_efficiency.png").exists()  # no multi-replica job finished with a throughput
 
 
+def test_a_job_that_left_no_run_is_reported_from_its_record(sweep):
+    """A job refused before its first step (exit 2) had its run deleted, and one that failed before its run existed
+    never had one: each still has its row, from the sweep's record of the job, and fails the sweep."""
+    client, parent, sweep_dir, job = sweep
+    job(0, "mirrored", "fit", replicas=2, examples_per_sec=1000.0, losses=[1.0], returncode=0)
+    for num, code, overrides in ((2, 1, ["strategy=tpu", "model=typo"]), (1, 2, ["strategy=mirrored", "cross_device_ops=nccl"])):
+        record = {"num": num, "overrides": overrides, "returncode": code, "dir": str(sweep_dir / str(num))}
+        (sweep_dir / ".runner" / f"job-{num}.json").write_text(json.dumps(record))
+
+    failed = report.write_report(client.tracking_uri, parent, str(sweep_dir))
+
+    assert failed == ["#1 (strategy=mirrored cross_device_ops=nccl)", "#2 (strategy=tpu model=typo)"]
+    rows = read_csv(sweep_dir / "report.csv")
+    assert [(r["job"], r["run"], r["status"], r["strategy"]) for r in rows] == [
+        ("0", "job-0", "FINISHED", "mirrored"),
+        ("1", "", "REFUSED", "mirrored"),
+        ("2", "", "FAILED", "tpu"),
+    ]
+    assert [r["cross_device_ops"] for r in rows] == ["", "nccl", ""]  # what the jobs' overrides searched
+    assert "| 1 |  | REFUSED |" in (sweep_dir / "report.md").read_text()
+    assert client.get_run(parent).data.tags["sweep.failed_jobs"] == "2"
+
+
 def test_a_sweep_with_no_job_that_finished_still_reports(sweep):
     client, parent, sweep_dir, job = sweep
     job(0, "mirrored", "fit", status="FAILED", returncode=1)

@@ -53,3 +53,96 @@ def test_mlflow_run_takes_the_run_created_ahead(sqlite_uri, tmp_path):
     assert only.info.run_id == runlog.run_id and only.info.status == "FINISHED"
     assert only.data.params["train.epochs"] == "1" and only.data.metrics["loss"] == 0.5
     assert (tmp_path / "run" / "mlflow_run_id").read_text() == only.info.run_id
+
+
+def _all_runs(uri):
+    """Every run, deleted ones too (search_runs shows only active runs by default)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    client = MlflowClient(uri)
+    return client.search_runs([e.experiment_id for e in client.search_experiments()], run_view_type=ViewType.ALL)
+
+
+@pytest.fixture
+def untrained(monkeypatch):
+    """This process has run no training step (phases keeps its marks for the whole process)."""
+    from runner.tracking import phases
+
+    monkeypatch.setattr(phases, "_marks", [])
+    return phases
+
+
+def _refused_inside(cfg, err):
+    from runner.tracking import run
+
+    with pytest.raises(type(err)) as raised:
+        with run.mlflow_run(cfg, ["train.epochs=1"], {}) as runlog:
+            raise err
+    return runlog, raised.value
+
+
+def test_a_new_run_refused_before_its_first_step_is_deleted_with_its_run_id_file(sqlite_uri, tmp_path, untrained):
+    from mlflow import MlflowClient
+
+    from runner.errors import ConfigError
+    from runner.tracking import run
+
+    cfg = _cfg(sqlite_uri, tmp_path)
+    runlog, err = _refused_inside(cfg, ConfigError("model._target_='x.y' cannot be imported"))
+    assert not _runs(sqlite_uri)  # search_runs' default view: active runs only
+    (gone,) = _all_runs(sqlite_uri)
+    assert gone.info.run_id == runlog.run_id and gone.info.lifecycle_stage == "deleted"
+    assert gone.info.status == "FAILED"  # restored, it is not a run that looks RUNNING
+    assert gone.data.tags["error"] == "ConfigError: model._target_='x.y' cannot be imported"
+    assert "error.txt" not in [a.path for a in MlflowClient(sqlite_uri).list_artifacts(gone.info.run_id)]
+    assert not (tmp_path / "run" / "mlflow_run_id").exists()  # the directory holds no run now
+    assert err.run_deleted == gone.info.run_id
+    assert run.deleted_line(err) == (
+        f" The MLflow run {gone.info.run_id} was deleted (nothing was trained); "
+        f"`mlflow runs restore --run-id {gone.info.run_id}` brings it back."
+    )
+
+
+def test_a_refusal_after_the_first_step_or_another_error_leaves_the_run_failed(sqlite_uri, tmp_path, untrained):
+    from mlflow import MlflowClient
+
+    from runner.errors import ConfigError, DataError
+
+    _, err = _refused_inside(_cfg(sqlite_uri, tmp_path / "a"), DataError("record 0 of data/x.tfrecord is damaged"))
+    untrained.mark(untrained.FIRST_STEP)
+    _, late = _refused_inside(_cfg(sqlite_uri, tmp_path / "b"), ConfigError("train.early_stopping.monitor=eval/x"))
+    runs = _runs(sqlite_uri)
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"] and len(_all_runs(sqlite_uri)) == 2
+    for r in runs:
+        assert "error.txt" in [a.path for a in MlflowClient(sqlite_uri).list_artifacts(r.info.run_id)]
+    assert not hasattr(err, "run_deleted") and not hasattr(late, "run_deleted")
+    assert (tmp_path / "a" / "run" / "mlflow_run_id").exists() and (tmp_path / "b" / "run" / "mlflow_run_id").exists()
+
+
+def test_a_continued_run_refused_before_its_first_step_is_never_deleted(sqlite_uri, tmp_path, untrained):
+    from runner.errors import ConfigError
+    from runner.tracking import run
+
+    cfg = _cfg(sqlite_uri, tmp_path)
+    with run.mlflow_run(cfg, ["train.epochs=1"], {}) as first:
+        first.log_metrics({"loss": 0.5}, 1)
+    OmegaConf.update(cfg, "train.epochs", 2)  # resumed to train longer, then refused (another model, say)
+    _, err = _refused_inside(cfg, ConfigError("the checkpoints in ... are intact, but a model of another shape wrote them"))
+    (only,) = _runs(sqlite_uri)
+    assert only.info.run_id == first.run_id and only.info.status == "FINISHED" and only.info.lifecycle_stage == "active"
+    assert "resume_refused" in only.data.tags and not hasattr(err, "run_deleted")
+    assert (tmp_path / "run" / "mlflow_run_id").read_text() == first.run_id
+
+
+def test_a_run_created_ahead_and_refused_before_training_took_it_is_deleted(sqlite_uri, tmp_path, untrained):
+    from runner.errors import ConfigError
+    from runner.tracking import run
+
+    run.prestart(_cfg(sqlite_uri, tmp_path), ["train.epochs=1"], {})
+    err = ConfigError("devices.gpus=2: this machine has none")
+    run.end_prestarted(err)
+    assert not _runs(sqlite_uri)
+    (gone,) = _all_runs(sqlite_uri)
+    assert gone.info.lifecycle_stage == "deleted" and gone.info.status == "FAILED"
+    assert err.run_deleted == gone.info.run_id and not run._early and not run._prestarted
