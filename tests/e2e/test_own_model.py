@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import write_image_folder
+from helpers import assert_refused_run_deleted, write_image_folder
 
 pytestmark = pytest.mark.slow  # end to end: a sweep and runs of `python -m runner`
 
@@ -122,10 +122,11 @@ def test_softmax_and_logits_reach_the_same_weights(sweep, others):
         ),
     ],
 )
-def test_a_model_that_does_not_fit_is_one_paragraph_that_blames_the_model(others, name, needle):
+def test_a_model_that_does_not_fit_is_one_paragraph_that_blames_the_model(others, runner, name, needle):
     result = others[name]
     assert result.returncode == 2, result.output[-3000:]
     assert "Traceback" not in result.output and "step 1/" not in result.output
     errors = [p for p in result.stderr.split("\n\n") if p.strip()]
     assert len(errors) == 1 and errors[0].startswith("Error: ") and needle in errors[0], result.stderr[-3000:]
-    assert "resume=" not in errors[0]  # not blamed on the data (exit 5, "Fix the data ... resume=") as it was
+    assert "resume=" not in errors[0].split("was deleted")[0]  # not blamed on the data (exit 5, "Fix the data ... resume=")
+    assert_refused_run_deleted(runner.uri, EXPERIMENT, name, result, needle)  # no failed run left on the way
