@@ -134,6 +134,13 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
     return summary
 
 
+def _first(objective) -> str:
+    """sweep.objective's first figure (a list's: the one a pruner watches)."""
+    from omegaconf import OmegaConf
+
+    return str(objective[0]) if OmegaConf.is_list(objective) else str(objective)
+
+
 def _loss_for(model, cfg, arrays, run):
     """train.loss for this model: checked against the data first (its input, its output width), then told whether
     the model outputs probabilities (a softmax or sigmoid last layer: from_logits=False) or logits."""
@@ -163,6 +170,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.builders.optimizer import build_optimizer, scheduled
     from runner.builders.strategy import build_strategy, strategy_name
     from runner.config.model_defaults import inherited_model_keys
+    from runner.control.trial_report import TrialReport
     from runner.executors.accumulation import warn_batch_norm
     from runner.executors.base import Job, done_line
     from runner.executors.checkpoints import Checkpoints
@@ -261,6 +269,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         profile=Profile(cfg.train.profile_steps, cfg.output_dir),
         schedule=scheduled(cfg.train.optimizer, total_steps, keras),
         watch=watch_for(cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, saves, loss),
+        # a trial of a pruning search, in one process (a cluster's workers would all need the verdict at once)
+        trial=TrialReport.from_env(cfg.output_dir, _first(cfg.sweep.objective)) if cluster.task_type is None else None,
         restore_best=cfg.checkpoint.restore_best,
     )
     phases.mark("build")  # strategy, data, model
@@ -286,4 +296,6 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
             log_mlflow_model(run, path, arrays, cfg.mlflow.register_as)
     phases.mark("save")
     log.info(done_line(result, result.summary))
-    return {"run_id": run.run_id, "steps": result.steps, "final_loss": result.final_loss, **result.eval, **result.summary}
+    pruned = {"sweep/pruned_at_step": job.trial.pruned_at} if job.trial and job.trial.pruned_at is not None else {}
+    return {"run_id": run.run_id, "steps": result.steps, "final_loss": result.final_loss, **result.eval, **result.summary,
+            **pruned}  # fmt: skip

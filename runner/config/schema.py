@@ -152,6 +152,15 @@ class CheckpointConfig:
     restore_best: bool = False
 
 
+class Pruner(StrEnum):
+    """sweep.pruner: Optuna's pruners (runner.sweeps.pruning)."""
+
+    none = "none"
+    median = "median"
+    successive_halving = "successive_halving"  # ASHA
+    hyperband = "hyperband"
+
+
 @dataclass
 class SweepConfig:
     # the metric a sampling sweeper (hydra/sweeper=optuna) optimises: each job returns its final value, read from
@@ -159,6 +168,8 @@ class SweepConfig:
     # ([eval/loss, summary/examples_per_sec], with hydra.sweeper.direction=[minimize, maximize]) is a search for the
     # Pareto front of several objectives
     objective: Any = "eval/loss"
+    # hydra/sweeper=optuna: stop trials that are behind the others at an evaluation (each epoch's, then)
+    pruner: str = choice(Pruner, "none")
 
 
 @dataclass

@@ -12,6 +12,8 @@ environment only, never on the command line, where `ps` shows it to everyone:
   this file holds once created; beside it the sweep's request for that run, so that the first job's MLflow process
   (mlflow loaded already) creates it.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
+- `RUNNER_PRUNE` (sweep -> job: executors): the search prunes (sweep.pruner): evaluate after each epoch and report
+  to the sweep (runner.control.trial_report).
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
 - `RUNNER_SPARE` (sweep -> the next job's process, started ahead): import, then wait for the job's overrides and
   environment on stdin (runner.sweeps.spares).
@@ -37,6 +39,7 @@ ELASTIC = "RUNNER_ELASTIC"  # set by the elastic launcher: a task that loses a p
 LOGGED_THROUGH = "RUNNER_LOGGED_THROUGH"  # elastic: the steps an earlier generation logged, not logged again
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
+PRUNE = "RUNNER_PRUNE"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
 SPARE = "RUNNER_SPARE"
 SPARE_FILE = "RUNNER_SPARE_FILE"

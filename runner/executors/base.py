@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the types Job holds: TensorFlow's, imported only for the an
 
     from runner.builders.cluster import Cluster
     from runner.builders.data.pipeline import Data
+    from runner.control.trial_report import TrialReport
     from runner.executors.checkpoints import Checkpoints
     from runner.executors.early_stopping import Watch
 
@@ -55,6 +56,7 @@ class Job:
     schedule: Callable[[int], float] | None = None  # global step -> learning rate, when one is scheduled
     watch: Watch | None = None  # evaluations after each epoch: early stopping, the best checkpoint (None: neither)
     restore_best: bool = False  # checkpoint.restore_best: end with the best checkpoint's weights
+    trial: TrialReport | None = None  # a trial of a pruning search: its evaluations go to the sweep (None: not one)
 
     @property
     def metrics(self) -> list[dict]:

@@ -143,11 +143,16 @@ def watch_for(train_cfg, checkpoint_cfg, checkpoint_dir: str | None, writes: boo
 
 
 def after_epoch(job, step: int, evaluate) -> bool:
-    """Evaluate at the end of an epoch when the run is watched; True: stop training here."""
-    watch = job.watch
-    if watch is None:
+    """Evaluate at the end of an epoch when the run is watched, or is a trial of a pruning search; True: stop
+    training here."""
+    watch, trial = job.watch, getattr(job, "trial", None)
+    if watch is None and trial is None:
         return False
     results = evaluate()
+    if watch is None:  # a trial only: its evaluation logged, then the sweep's verdict
+        job.reporter.log_metrics(results, step)
+        log.info("evaluation at step %d: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+        return _pruned(job, step, results)
     better, stop = watch.update(results, step)
     if better and watch.keep_best and job.checkpoints:
         job.checkpoints.save_best(step)
@@ -165,7 +170,17 @@ def after_epoch(job, step: int, evaluate) -> bool:
             watch.since,
             best,
         )
-    return stop
+    return stop or (trial is not None and _pruned(job, step, results))
+
+
+def _pruned(job, step: int, results: dict) -> bool:
+    """The sweep's verdict on this evaluation (sweep.pruner); a pruned trial's run is tagged with the step."""
+    if not job.trial.report(step, results):
+        return False
+    set_tags = getattr(job.reporter, "set_tags", None)
+    if set_tags:
+        set_tags({"sweep.pruned_at_step": step})
+    return True
 
 
 def restore_best(job, wanted: bool) -> None:

@@ -60,7 +60,7 @@ def _row(run, swept=()) -> dict:
         **{k: given.get(k, "") for k in swept},
         "job": int(t.get("sweep.job_num", -1)),
         "run": run.info.run_name,
-        "status": run.info.status,
+        "status": f"PRUNED at {t['sweep.pruned_at_step']}" if "sweep.pruned_at_step" in t else run.info.status,
         "strategy": p.get("strategy.name", ""),
         "executor": p.get("executor.name", ""),
         "replicas": int(t["num_replicas_in_sync"]) if "num_replicas_in_sync" in t else "",
@@ -231,7 +231,9 @@ def write_report(
     failed += [
         f"#{r['job']} ({r['run']})"
         for r in rows  # in job order
-        if r["status"] != "FINISHED" and not any(s["num"] == r["job"] and s["returncode"] for s in results)
+        if r["status"] != "FINISHED"
+        and not str(r["status"]).startswith("PRUNED")  # ended cleanly where the search stopped it
+        and not any(s["num"] == r["job"] and s["returncode"] for s in results)
     ]
     with open(os.path.join(sweep_dir, "report.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS + swept)  # every column, the shared ones too: for scripts

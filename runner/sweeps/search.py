@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from runner.config import layout, validate
 from runner.control import contract
 from runner.errors import ConfigError
-from runner.sweeps import search_space
+from runner.sweeps import pruning, search_space
 from runner.sweeps.search_config import STUDY_FILE, SWEEPER_TARGET
 
 log = logging.getLogger("runner")
@@ -113,9 +113,13 @@ def _interrupted(study) -> list:
     return [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
 
 
+def _job_dir(sweep_dir: str, subdir: str, number: int) -> str:
+    return os.path.join(sweep_dir, subdir.replace("${hydra.job.num}", str(number)))
+
+
 def _again(trial, space: search_space.Space, sweep_dir: str, subdir: str) -> list[str]:
     overrides = space.overrides(trial.params)
-    job_dir = os.path.join(sweep_dir, subdir.replace("${hydra.job.num}", str(trial.number)))
+    job_dir = _job_dir(sweep_dir, subdir, trial.number)
     if os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE)):  # it had started its run: continue that
         overrides.append(f"resume={job_dir}")
     return overrides
@@ -172,6 +176,7 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
     space = search_space.parse(conf.get("params"), arguments)
     validate.sweep_objective(config)
     ways = directions(conf, names)
+    pruner = pruning.pruner_of(config.sweep.get("pruner"), names)
     factory, fixed = _sampler_factory(conf, space)  # every refusal before the study is opened (or made)
     storage = conf.get("storage") or f"sqlite:///{os.path.join(sweep_dir, STUDY_FILE)}"
     name = conf.get("study_name") or "sweep"
@@ -181,6 +186,7 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
         study_name=name,
         sampler=_sampler(factory, fixed, stored.get(name, 0)),
         directions=ways,
+        pruner=pruner,
         load_if_exists=True,
     )
     _changed(study, space, names)
@@ -191,6 +197,8 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
         log.info("continuing the study in %s: %d trial(s) done, %d interrupted (continued first), %d more to go",
                  sweep_dir, finished, len(again), max(0, left))  # fmt: skip
     os.environ[contract.SWEEP_SIZE] = str(finished + len(again) + max(0, left))  # the jobs' "n of N"
+    if pruner is not None:
+        os.environ[contract.PRUNE] = "1"  # the jobs evaluate after each epoch and report here (runner.sweeps.pruning)
     subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
     batch = max(1, int(conf.get("n_jobs", 1)))
     while again or left > 0:
@@ -203,10 +211,14 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
             for trial, given in zip(trials, overrides):
                 trial.set_user_attr("overrides", given)
             left -= len(trials)
-        returns = launcher.launch(overrides, initial_job_idx=trials[0].number)
+        asked = {t.number: (t, _job_dir(sweep_dir, str(subdir), t.number)) for t in trials if hasattr(t, "report")}
+        with pruning.Watcher(asked if pruner is not None else {}) as watcher:
+            returns = launcher.launch(overrides, initial_job_idx=trials[0].number)
         for trial, ret in zip(trials, returns):
             values = _values(sweep_dir, trial.number, _returned(ret), len(names))
-            if values is None:
+            if trial.number in watcher.pruned and values is not None:  # ended cleanly at the step it was pruned
+                study.tell(trial.number, state=TrialState.PRUNED)
+            elif values is None:
                 study.tell(trial.number, state=TrialState.FAIL)
             else:
                 study.tell(trial.number, values if len(values) > 1 else values[0])

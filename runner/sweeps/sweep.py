@@ -25,6 +25,7 @@ from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
 from runner.sweeps.search import continues_study, objectives
+from runner.sweeps.search_config import SWEEPER_TARGET
 from runner.sweeps.server import MlflowServer
 from runner.sweeps.spares import Spares
 
@@ -311,6 +312,14 @@ class SweepCallback(Callback):
             signal.signal(signum, _on_stop_signal)
         hc = config.hydra
         sweep_dir = hc.sweep.dir
+        if config.sweep.get("pruner") not in (None, "none") and hc.sweeper.get("_target_") != SWEEPER_TARGET:
+            print(
+                f"Error: sweep.pruner={config.sweep.pruner} stops trials of a search, and this sweep is a grid "
+                f"({hc.sweeper.get('_target_')}): add hydra/sweeper=optuna (or experiment=tune_lr), or set "
+                "sweep.pruner=null.",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         try:  # a sweep directory another live sweep owns: its jobs would continue that sweep's runs
             claims.claim(sweep_dir, "hydra.sweep.dir", what="sweep")
         except ConfigError as err:
