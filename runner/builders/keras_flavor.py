@@ -2,10 +2,11 @@
 
 tf_keras (Keras 2, what `tf.keras` means in the runner's process: TF_USE_LEGACY_KERAS=1) trains every strategy x
 executor. A `model._target_` may also return a Keras 3 model (`import keras`, TensorFlow 2.21's default): the runner
-then builds its loss and optimizer with Keras 3 and trains it with the custom loop, where tests/e2e/test_keras3.py
-proves the weights equal the default strategy's; the other combinations are refused here, before the first step, with
-the reason and the way out (README, "Keras 3 models"). Both Keras live in one process; the runner's own metrics and
-progress bar are tf_keras's (they only see tensors).
+then builds its loss and optimizer with Keras 3 and trains it with the custom loop, or with Keras 3's own fit around
+the custom loop's step (runner.executors.keras3_fit); tests/e2e/test_keras3.py proves the weights equal the default
+strategy's. The other combinations are refused here, before the first step, with the reason, the Keras issue and the
+way out (README, "Keras 3 models"): only here is the model known to be Keras 3 (config validation imports no user
+module). Both Keras live in one process; the runner's own metrics are tf_keras's (they only see tensors).
 """
 
 from runner.errors import ConfigError
