@@ -264,7 +264,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 
 
 def _tf_keras_fit(job: Job, initial_step: int):
-    """(model, fit's x, y and kwargs, evaluate, train.metrics' objects) for a tf_keras model."""
+    """(model, inputs(done steps) -> fit's x, y and kwargs, evaluate, train.metrics' objects) for a tf_keras model."""
     import tf_keras
 
     from runner.builders.loss import build_loss
@@ -296,9 +296,10 @@ def _tf_keras_fit(job: Job, initial_step: int):
     # a resumed run's input starts at its step (not under parameter_server: workers take batches in no fixed order)
     fit_input = data.fit_input(dataset_creator=job.parameter_server, done_steps=0 if job.parameter_server else initial_step)
     arrays_in = data.input == "numpy" and not job.parameter_server
-    kwargs = {"shuffle": data.shuffle, **({"batch_size": data.global_batch_size} if arrays_in else {})}
+    kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
     x, y = fit_input if arrays_in else (fit_input, None)
-    inputs = lambda done_steps: (x, y, kwargs)  # noqa: E731  (one fit call: ResumeInsideEpoch starts it at the step)
+    # one fit call (ResumeInsideEpoch starts it at the step)
+    inputs = lambda done_steps: (x, y, {"shuffle": data.shuffle, **kwargs})  # noqa: E731
     coordinator = []  # parameter_server: one evaluator (its metric variables) for every evaluation
 
     def evaluate() -> dict[str, float]:

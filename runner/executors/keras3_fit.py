@@ -34,6 +34,8 @@ def keras3_model(job: Job, per_example_loss, shard_losses, own):
     tracked = [epoch_loss, *own]
 
     class ReplicaLossModel3(tf_private.NoSymbolicBuild, keras.Model):
+        """ReplicaLossModel's Keras 3 sibling (runner.executors.fit): the same methods the callbacks call."""
+
         def __init__(self):
             super().__init__(name="replica_loss_model")
             self.inner = job.model
@@ -46,8 +48,8 @@ def keras3_model(job: Job, per_example_loss, shard_losses, own):
             return shard_losses.read()
 
         def logged(self, logs):
-            """The epoch's mean loss and train.metrics so far, read on the host (a tf_keras result() inside the
-            step would merge the replicas at every step, and reads 0 under CentralStorageStrategy)."""
+            """The epoch's mean loss and train.metrics so far, read on the host (read inside the step, a tf_keras
+            result() merges the replicas at every step, and under CentralStorageStrategy fit logged a loss of 0)."""
             return results(tracked)
 
         def reset_metrics(self):
