@@ -53,12 +53,21 @@ FIT = {  # executor=fit, Keras 3's own (runner.executors.keras3_fit): run two at
         "strategy=mirrored",
         "devices.logical_cpus=4",
         "train.global_batch_size=62",
-        "checkpoint.keep_best=true",  # evaluated after each epoch: the best checkpoint kept
-        "train.early_stopping.patience=5",  # watched, never stops in 2 epochs: the weights stay the last ones
+        "checkpoint.keep_best=true",  # evaluated after each epoch: the best checkpoint kept, and restored at the end
+        "checkpoint.restore_best=true",  # (the last epoch's: eval/loss falls over these 2 epochs)
         f"executor.callbacks=[{{_target_:my_keras3_callbacks.EpochLog,path:{EPOCH_LOG}}}]",
     ],
-    # accumulation with fit is refused under central_storage for either Keras (runner.config.validate)
-    "fit_central_storage": ["executor=fit", "strategy=central_storage", "devices.logical_cpus=4"],
+    # accumulation with fit is refused under central_storage for either Keras (runner.config.validate); 3 epochs with
+    # the 2-epoch schedule, stopped early after the second (eval/loss does not fall by 10): the 16 steps of the others
+    "fit_central_storage": [
+        "executor=fit",
+        "strategy=central_storage",
+        "devices.logical_cpus=4",
+        "train.epochs=3",
+        "train.optimizer.schedule.decay_steps=14",
+        "train.early_stopping.patience=1",
+        "train.early_stopping.min_delta=10",
+    ],
     # 12 steps in one epoch (decaying over the 14 steps after the warm-up of 2 epochs of 8), then resumed below with
     # epochs of 8: inside the second epoch, which Keras 3's fit cannot start in (runner.executors.fit._fit_calls)
     "fit_one_device": [
@@ -127,10 +136,10 @@ def test_keras3_fit_weights_equal_the_default_strategys(runs, row, against):
     close(weights(run_dir / "model.keras"), weights(runs[against].run_dir / "model.keras"))
 
 
-def test_keras3_fit_logs_replicas_keeps_the_best_and_runs_the_users_keras3_callback(runs, runner):
-    """Keras 3's fit: each replica's loss and metric logged, the evaluations after each epoch the same as one device's
-    with the same global batch, the best checkpoint kept, a user's Keras 3 callback called once per epoch; resumed,
-    fit went on from step 12 in the same MLflow run."""
+def test_keras3_fit_logs_replicas_keeps_the_best_stops_early_and_runs_the_users_keras3_callback(runs, runner):
+    """Keras 3's fit: each replica's loss and metric logged, the evaluations the same as one device's with the same
+    global batch, the best checkpoint kept and restored, a user's Keras 3 callback called once per epoch, early
+    stopping after the second of 3 epochs; resumed, fit went on from step 12 in the same MLflow run."""
     import json
 
     client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "fit_mirrored4")
@@ -142,11 +151,13 @@ def test_keras3_fit_logs_replicas_keeps_the_best_and_runs_the_users_keras3_callb
     assert len(losses) == 16 and all(np.isfinite(losses))
     for key in ["eval/loss", "eval/true_class_probability", "loss"]:
         assert run.data.metrics[key] == pytest.approx(one.data.metrics[key], rel=1e-5), key
-    assert run.data.metrics["best/step"] in (8.0, 16.0)
+    assert run.data.metrics["best/step"] == 16.0
     best = runs["fit_mirrored4"].run_dir / "checkpoints"
     assert (best / "best.json").exists() and (best / "best").is_dir()
     epochs = [json.loads(line) for line in (runner.root / EPOCH_LOG).read_text().splitlines()]
     assert [e["epoch"] for e in epochs] == [0, 1] and all(np.isfinite(e["loss"]) for e in epochs)
+    stopped = runs["fit_central_storage"].output
+    assert "early stopping at step 16" in stopped and "done: 16 steps" in stopped, stopped[-3000:]
     client, resumed = mlflow_run_by_name(runner.uri, EXPERIMENT, "fit_one_device")
     assert resumed.info.status == "FINISHED"
     steps = sorted(m.step for m in client.get_metric_history(resumed.info.run_id, "loss"))
