@@ -15,6 +15,7 @@ CALL_FLAT = "_call_flat"  # ConcreteFunction: call with flat tensors, after tf.f
 TF_LOGS = "_supports_tf_logs"  # tf_keras Callback: take the step's tensors as they are, no host copy per batch
 RESUME_HOOK = "_maybe_load_initial_counters_from_ckpt"  # tf_keras Model.fit: (epoch, step) to start at
 PLATFORM = "_platform_device"  # PreemptionCheckpointHandler: the platform it detected (GCE or not)
+SYMBOLIC_BUILD = "_maybe_symbolic_build"  # Keras 3 Model.fit: a batch read to build the model before training
 FLATTEN = "_flatten_layers"  # Keras 3 Layer: every nested layer (tf_keras' public `submodules`; Keras 3 has none)
 _warned = set()
 
@@ -69,6 +70,25 @@ class ResumeInsideEpoch:
 
         if not hasattr(tf_keras.Model, RESUME_HOOK):
             _warn_once(f"tf_keras.Model.{RESUME_HOOK}", "Model.fit resumes at the first step of the checkpoint's epoch")
+
+
+class NoSymbolicBuild:
+    """Mixin for a Keras 3 Model (put it first among the bases) whose variables are all built before fit.
+
+    Under a strategy Keras 3's fit first reads one batch from a new iterator of the input, to build the model, then
+    trains from another: with a dataset shuffled anew at each iteration, its batches would not be the other
+    executors' (and the replicas' batches are averaged there, which fails when they differ in size). There is no
+    public switch; without the hook, fit reads that batch (a warning says so)."""
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        return None
+
+    @staticmethod
+    def check() -> None:
+        import keras
+
+        if not hasattr(keras.Model, SYMBOLIC_BUILD):
+            _warn_once(f"keras.Model.{SYMBOLIC_BUILD}", "Keras 3's fit may read its input in another order")
 
 
 def all_layers(model) -> list:

@@ -2,10 +2,11 @@
 
 tf_keras (Keras 2, what `tf.keras` means in the runner's process: TF_USE_LEGACY_KERAS=1) trains every strategy x
 executor. A `model._target_` may also return a Keras 3 model (`import keras`, TensorFlow 2.21's default): the runner
-then builds its loss and optimizer with Keras 3 and trains it with the custom loop, where tests/e2e/test_keras3.py
-proves the weights equal the default strategy's; the other combinations are refused here, before the first step, with
-the reason and the way out (README, "Keras 3 models"). Both Keras live in one process; the runner's own metrics and
-progress bar are tf_keras's (they only see tensors).
+then builds its loss and optimizer with Keras 3 and trains it with the custom loop, or with Keras 3's own fit around
+the custom loop's step (runner.executors.keras3_fit); tests/e2e/test_keras3.py proves the weights equal the default
+strategy's. The other combinations are refused here, before the first step, with the reason, the Keras issue and the
+way out (README, "Keras 3 models"): only here is the model known to be Keras 3 (config validation imports no user
+module). Both Keras live in one process; the runner's own metrics are tf_keras's (they only see tensors).
 """
 
 from runner.errors import ConfigError
@@ -29,22 +30,37 @@ def keras_of(model):
     return tf_keras
 
 
-TRAINED = "executor=custom_loop under the default, one_device, mirrored, central_storage and multi_worker_mirrored strategies"
+TRAINED = (
+    "executor=custom_loop under the default, one_device, mirrored, central_storage and multi_worker_mirrored strategies, "
+    "and executor=fit (Keras 3's own) under the default, one_device, mirrored and central_storage ones"
+)
+FIT_ISSUE = "keras-team/keras#20585"  # Keras 3's fit under MultiWorkerMirroredStrategy: PerReplica ... unsupported type
+
+
+def _is_multi_worker(strategy) -> bool:
+    import tensorflow as tf
+
+    kinds = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy)
+    return isinstance(strategy, kinds)
+
+
+def _fit_refusal(strategy) -> tuple[str, str, str] | None:
+    """Where the runner's Keras 3 fit does not train (the other strategies: _refusal's)."""
+    if _is_multi_worker(strategy):
+        return (
+            "executor=fit under strategy=multi_worker_mirrored",
+            f"Keras 3's fit fails there at its first step ({FIT_ISSUE}: 'PerReplica ... unsupported type' with its own "
+            "train_step; with the runner's, its mean of the step's logs across workers fails on the scalar loss), and "
+            "the runner's Keras 3 fit reads each replica's loss on one worker only",
+            "Use executor=custom_loop (the same strategy)",
+        )
+    return None
 
 
 def _refusal(strategy, executor: str, mixed_precision: bool, clipnorm) -> tuple[str, str, str] | None:
     """(the combination, why the runner does not train a Keras 3 model there, what to use instead), or None."""
     import tensorflow as tf
 
-    if executor == "fit":
-        return (
-            "executor=fit",
-            "the runner's fit wraps the model in a tf_keras.Model (to log each replica's loss and resume inside an "
-            "epoch), which cannot hold Keras 3 layers, and Keras 3's own fit fails under tf.distribute "
-            "(MirroredStrategy with uneven replica batches: an AddN shape mismatch; MultiWorkerMirroredStrategy: "
-            "'PerReplica ... unsupported type')",
-            "Use executor=custom_loop",
-        )
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return (
             "strategy=parameter_server",
@@ -58,6 +74,10 @@ def _refusal(strategy, executor: str, mixed_precision: bool, clipnorm) -> tuple[
             "one trains correctly",
             "Use strategy=mirrored or one_device",
         )
+    if executor == "fit":
+        refused = _fit_refusal(strategy)
+        if refused:
+            return refused
     if clipnorm is not None and strategy.num_replicas_in_sync > 1:
         clipping = clipnorm if isinstance(clipnorm, str) else f"train.optimizer.clipnorm={clipnorm}"
         return (

@@ -21,7 +21,7 @@ from runner.config import registry
 
 ORDER = ("strategy", "cross_device_ops", "cluster", "model", "data", "executor", "experiment")
 INTROS = {  # what a group is, beside its options: the groups without a registry, and data's key that fits there
-    "model": "an uncompiled tf_keras model built in strategy.scope(), or your own _target_ (Keras 3: executor=custom_loop)",
+    "model": "an uncompiled tf_keras model built in strategy.scope(), or your own _target_ (Keras 3 too)",
     "experiment": "a preset applied last",
     "data": "the input path: data.input",
 }

@@ -42,7 +42,7 @@ class Reporter(Protocol):
 @dataclass
 class Job:
     strategy: tf.distribute.Strategy
-    model: tf_keras.Model | keras.Model  # built inside strategy.scope(); Keras 3: the custom loop only
+    model: tf_keras.Model | keras.Model  # built inside strategy.scope(); Keras 3: runner.builders.keras_flavor
     optimizer: tf_keras.optimizers.Optimizer | keras.optimizers.Optimizer  # the model's Keras', inside strategy.scope()
     loss: str | dict  # mse | binary_crossentropy | sparse_categorical_crossentropy, or a user's {_target_: ...}
     data: Data

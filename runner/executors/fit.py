@@ -55,6 +55,10 @@ def _replica_loss_model(
                 return shard_losses.read()
             return [float(v) for v in np.ravel(logs["replica_losses"])]
 
+        def logged(self, logs):
+            """The step's logs as numbers: loss and metrics, the epoch's means so far."""
+            return {k: float(np.mean(v)) for k, v in logs.items() if k != "replica_losses"}
+
         def call(self, inputs, training=None):
             return self.inner(inputs, training=training)
 
@@ -147,23 +151,30 @@ def _shown(logs):
     return {k: v for k, v in (logs or {}).items() if k != "replica_losses"}
 
 
-def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate, own=()):
-    """`own`: train.metrics' objects, whose per-replica copies are read at each report (one worker only)."""
+def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate, own=(), keras=None):
+    """`own`: train.metrics' objects, whose per-replica copies are read at each report (one worker only). `keras`:
+    the model's Keras (keras_of), whose Callback they subclass; tf_keras when not given."""
     import tf_keras
 
     from runner.builders.metrics import per_replica
 
+    keras = keras or tf_keras
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
     epochs = job.train.epochs
+    # Keras 3 resumed inside an epoch: its fit counts that epoch's batches from 0 (_fit_calls), tf_keras' from the step
+    skipped = initial_step % spe if keras is not tf_keras else 0
 
-    class EpochReport(tf_keras.callbacks.Callback):
+    def step_of(epoch: int, batch: int) -> int:
+        return epoch * spe + batch + 1 + (skipped if epoch == initial_step // spe else 0)
+
+    class EpochReport(keras.callbacks.Callback):
         """Checkpoints, and metrics once per epoch (all that parameter_server allows: no batch-level hooks)."""
 
         def __init__(self):
             super().__init__()
             # Tensor logs, read only when reported; parameter_server: remote values, let Keras fetch them.
             tf_private.take_tf_logs(self, not job.parameter_server)
-            self.epoch, self.ended, self.last_step = 0, None, None
+            self.epoch, self.ended, self.last_step, self.loss = 0, None, None, None
             self.logged_at = initial_step - initial_step % spe + last_log_point(initial_step % spe, every)
 
         def on_train_begin(self, logs=None):
@@ -180,7 +191,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
 
         def report(self, step, logs):
             self.logged_at = step
-            values = {k: float(np.mean(v)) for k, v in logs.items() if k != "replica_losses"}
+            values = self.model.logged(logs)
             check_loss(job, values.get("loss", 0.0), step)
             values.update(replica_metrics(self.model.replica_losses(logs)))
             if own and not job.multi_worker and not job.parameter_server:
@@ -201,7 +212,9 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
                 meter.pause()
             else:
                 meter.pause()  # the checkpoint and the next epoch's input iterator are not a step's time
-                check_loss(job, float(np.mean(logs["loss"])), step)
+            self.loss = self.model.logged(logs)["loss"]  # the epoch's mean loss
+            if not job.parameter_server:  # (report checked it)
+                check_loss(job, self.loss, step)
             if job.checkpoints:
                 job.checkpoints.save(step)
             self.last_step = step
@@ -214,13 +227,13 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
         """Metrics every train.log_every_n_steps steps."""
 
         def on_train_batch_end(self, batch, logs=None):
-            step = self.epoch * spe + batch + 1
+            step = step_of(self.epoch, batch)
             meter.tick(step)
-            if step - self.logged_at >= every or batch + 1 == spe:
+            if step - self.logged_at >= every or step % spe == 0:
                 self.report(step, logs)
             guard.check(step)
 
-    class ProfileEpochs(tf_keras.callbacks.Callback):
+    class ProfileEpochs(keras.callbacks.Callback):
         """train.profile_steps, at the epochs that hold them (parameter_server: no batch-level hooks)."""
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -237,25 +250,26 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             pass
 
         def on_train_batch_begin(self, batch, logs=None):
-            job.profile.before(self.epoch * spe + batch + 1, job.train.steps_per_execution)
+            job.profile.before(step_of(self.epoch, batch), job.train.steps_per_execution)
 
         def on_train_batch_end(self, batch, logs=None):
-            job.profile.after(self.epoch * spe + batch + 1)
+            job.profile.after(step_of(self.epoch, batch))
 
     report = EpochReport() if job.parameter_server else BatchReport()
-    callbacks = [report, _progress_bar()] if mode == "bar" else [report]
+    # Keras 3's own bar shows its logs as they are (no replica_losses there): it adds it itself
+    callbacks = [report, _progress_bar()] if mode == "bar" and keras is tf_keras else [report]
     if job.profile.wanted:
         callbacks.append(ProfileEpochs() if job.parameter_server else ProfileSteps())
     return callbacks
 
 
-def run_fit(job: Job) -> Result:
+def _tf_keras_fit(job: Job, initial_step: int):
+    """(model, inputs(done steps) -> fit's x, y and kwargs, evaluate, train.metrics' objects) for a tf_keras model."""
     import tf_keras
 
     from runner.builders.loss import build_loss
     from runner.builders.metrics import build_metrics, build_own
 
-    initial_step = job.restore()
     tf_private.ResumeInsideEpoch.check()
     gather = not job.parameter_server
     shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
@@ -278,26 +292,14 @@ def run_fit(job: Job) -> Result:
             steps_per_execution=job.train.steps_per_execution,
         )
     model.distribute_reduction_method = "first"
-    mode = job.progress
-    meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
-    initial_epoch = initial_step // data.steps_per_epoch
     # a resumed run's input starts at its step (not under parameter_server: workers take batches in no fixed order)
     fit_input = data.fit_input(dataset_creator=job.parameter_server, done_steps=0 if job.parameter_server else initial_step)
     arrays_in = data.input == "numpy" and not job.parameter_server
     kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
     x, y = fit_input if arrays_in else (fit_input, None)
-    # under parameter_server a step is one worker's batch (num_replicas_in_sync is 1): say how many workers share them
-    spread = f"{job.cluster.num_workers} worker(s)" if job.parameter_server and job.cluster else f"{job.replicas} replica(s)"
-    log.info(
-        "training with Model.fit: %s x %d steps, global batch %d over %s%s",
-        epochs_text(job.train.epochs),
-        data.steps_per_epoch,
-        data.global_batch_size,
-        spread,
-        accumulation_text(job.train),
-    )
-
+    # one fit call (ResumeInsideEpoch starts it at the step)
+    inputs = lambda done_steps: (x, y, {"shuffle": data.shuffle, **kwargs})  # noqa: E731
     coordinator = []  # parameter_server: one evaluator (its metric variables) for every evaluation
 
     def evaluate() -> dict[str, float]:
@@ -309,23 +311,80 @@ def run_fit(job: Job) -> Result:
         results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
         return {f"eval/{k}": float(v) for k, v in results.items()}
 
+    return model, inputs, evaluate, own
+
+
+def _keras3_fit(job: Job, initial_step: int):
+    """The same for a Keras 3 model (runner.executors.keras3_fit): its input is the custom loop's distributed
+    dataset, from the resumed step on, whatever data.input is (Keras 3 has no DatasetCreator; its own batching of
+    arrays would shuffle them otherwise than the other executors)."""
+    from runner.builders.loss import PER_EXAMPLE, build_loss
+    from runner.builders.metrics import build_own
+    from runner.executors.keras3_fit import keras3_evaluator, keras3_model
+
+    shard_losses = ShardLosses(job.strategy)
+    with job.strategy.scope():
+        per_example_loss = build_loss(job.loss, PER_EXAMPLE, job.keras)
+        own = build_own(job.metrics)
+        model = keras3_model(job, per_example_loss, shard_losses, own)
+        model.compile(optimizer=job.optimizer, steps_per_execution=job.train.steps_per_execution)
+    # shuffle=False: the runner's dataset is shuffled already (Keras 3 warns otherwise)
+    inputs = lambda done_steps: (job.data.distributed_train(job.strategy, done_steps), None, {"shuffle": False})  # noqa: E731
+    return model, inputs, keras3_evaluator(job, per_example_loss), own
+
+
+def _fit_calls(initial_step: int, spe: int, epochs: int, inside_epoch: bool) -> list[tuple[int, int, int, int]]:
+    """(initial_epoch, epochs, steps_per_epoch, done steps) of each Model.fit call. One, unless a resumed run starts
+    inside an epoch and fit cannot (`inside_epoch` False: Keras 3 has no hook for it): then that epoch's remaining
+    steps first, as an epoch of their own, then the following epochs."""
+    first, done = divmod(initial_step, spe)
+    if inside_epoch or not done:
+        return [(first, epochs, spe, initial_step)]
+    rest = [(first + 1, epochs, spe, (first + 1) * spe)] if first + 1 < epochs else []
+    return [(first, first + 1, spe - done, initial_step), *rest]
+
+
+def run_fit(job: Job) -> Result:
+    initial_step = job.restore()
+    keras = job.keras
+    tf_keras_model = keras.__name__ == "tf_keras"
+    model, inputs, evaluate, own = (_tf_keras_fit if tf_keras_model else _keras3_fit)(job, initial_step)
+    mode = job.progress
+    meter = Throughput(job.data.global_batch_size, job.replicas)
+    data = job.data
+    # under parameter_server a step is one worker's batch (num_replicas_in_sync is 1): say how many workers share them
+    spread = f"{job.cluster.num_workers} worker(s)" if job.parameter_server and job.cluster else f"{job.replicas} replica(s)"
+    log.info(
+        "training with Model.fit%s: %s x %d steps, global batch %d over %s%s",
+        "" if tf_keras_model else " (Keras 3)",
+        epochs_text(job.train.epochs),
+        data.steps_per_epoch,
+        data.global_batch_size,
+        spread,
+        accumulation_text(job.train),
+    )
+
     from runner.executors.user_callbacks import build_callbacks
 
-    callbacks_own = build_callbacks(job.executor.get("callbacks"))  # checked before the first step
+    callbacks_own = build_callbacks(job.executor.get("callbacks"), keras)  # checked before the first step
     started = time.perf_counter()
     with StopGuard(job) as guard:
-        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate, own), *callbacks_own]
-        history = model.fit(
-            x,
-            y,
-            epochs=job.train.epochs,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=data.steps_per_epoch,
-            verbose=1 if mode == "bar" else 0,
-            callbacks=callbacks,
-            shuffle=data.shuffle,
-            **kwargs,
-        )
+        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate, own, keras), *callbacks_own]
+        calls = _fit_calls(initial_step, data.steps_per_epoch, job.train.epochs, inside_epoch=tf_keras_model)
+        for initial_epoch, epochs, per_epoch, done in calls:
+            x, y, kwargs = inputs(done)
+            model.fit(
+                x,
+                y,
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=per_epoch,
+                verbose=1 if mode == "bar" else 0,
+                callbacks=callbacks,
+                **kwargs,
+            )
+            if model.stop_training:  # early stopping
+                break
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
     training_ended(job)
     steps = callbacks[0].last_step or job.train.epochs * data.steps_per_epoch  # fewer when stopped early
@@ -334,5 +393,6 @@ def run_fit(job: Job) -> Result:
     phases.mark("evaluation")
     summary = meter.summary(train_sec)
     job.reporter.log_metrics({**eval_metrics, **summary}, steps)
-    losses = history.history.get("loss") or [float("nan")]  # empty when resumed after the last epoch
-    return Result(steps, float(losses[-1]), eval_metrics, meter.overall().get("throughput/examples_per_sec"), summary)
+    loss = callbacks[0].loss  # the last epoch's mean loss; None when resumed after the last epoch
+    loss = float("nan") if loss is None else loss
+    return Result(steps, loss, eval_metrics, meter.overall().get("throughput/examples_per_sec"), summary)

@@ -1,8 +1,9 @@
 """A user's Keras 3 model (`import keras`, tests/user_project/my_models.py:keras3_mlp) trained with the custom loop
-under every strategy that takes one, checked against the default strategy's weights (same global batch, seed and
-steps), with a warm-up, a linear decay, weight decay, gradient accumulation and the user's own loss, metric and
-optimizer (by `_target_`); the combinations the runner refuses
-(README's "Keras 3 models" table) refused in one paragraph before the first step."""
+under every strategy that takes one, and with Keras 3's own fit under default, one_device, mirrored and
+central_storage, checked against the default strategy's weights (same global batch, seed and steps), with a warm-up,
+a linear decay, weight decay, gradient accumulation and the user's own loss, metric and optimizer (by `_target_`);
+fit also resumed inside an epoch, with uneven replica batches and with the best checkpoint kept; the combinations the
+runner refuses (README's "Keras 3 models" table) refused in one paragraph before the first step."""
 
 import json
 import os
@@ -13,12 +14,13 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import FAST, assert_refused_run_deleted, composed, mlflow_run_by_name
+from helpers import FAST, assert_refused_run_deleted, composed, mlflow_run_by_name, run_runner
 
 pytestmark = pytest.mark.slow  # end to end: trains through `python -m runner`
 
 USER = pathlib.Path(__file__).resolve().parents[1] / "user_project"
 EXPERIMENT = "keras3"
+EPOCH_LOG = "keras3_epochs.jsonl"  # a user's Keras 3 callback's file, in the runner's working directory
 KERAS3 = [
     "model._target_=my_models.keras3_mlp",
     "executor=custom_loop",
@@ -43,6 +45,40 @@ SINGLE = {  # one process each, two at a time
     # train.metrics with accumulation is refused under central_storage (runner.builders.metrics): without them here
     "central_storage": ["strategy=central_storage", "devices.logical_cpus=4", "train.accumulation_steps=2", "train.metrics=[]"],
 }
+FIT = {  # executor=fit, Keras 3's own (runner.executors.keras3_fit): run two at a time with SINGLE
+    # 62 over 4 replicas below: batches of 16, 16, 15 and 15 (Keras 3's own fit fails there: AddN shape mismatch)
+    "fit_default": ["executor=fit", "strategy=default", "train.global_batch_size=62"],
+    "fit_mirrored4": [
+        "executor=fit",
+        "strategy=mirrored",
+        "devices.logical_cpus=4",
+        "train.global_batch_size=62",
+        "checkpoint.keep_best=true",  # evaluated after each epoch: the best checkpoint kept, and restored at the end
+        "checkpoint.restore_best=true",  # (the last epoch's: eval/loss falls over these 2 epochs)
+        f"executor.callbacks=[{{_target_:my_keras3_callbacks.EpochLog,path:{EPOCH_LOG}}}]",
+    ],
+    # accumulation with fit is refused under central_storage for either Keras (runner.config.validate); 3 epochs with
+    # the 2-epoch schedule, stopped early after the second (eval/loss does not fall by 10): the 16 steps of the others
+    "fit_central_storage": [
+        "executor=fit",
+        "strategy=central_storage",
+        "devices.logical_cpus=4",
+        "train.epochs=3",
+        "train.optimizer.schedule.decay_steps=14",
+        "train.early_stopping.patience=1",
+        "train.early_stopping.min_delta=10",
+    ],
+    # 12 steps in one epoch (decaying over the 14 steps after the warm-up of 2 epochs of 8), then resumed below with
+    # epochs of 8: inside the second epoch, which Keras 3's fit cannot start in (runner.executors.fit._fit_calls)
+    "fit_one_device": [
+        "executor=fit",
+        "strategy=one_device",
+        "train.epochs=1",
+        "train.steps_per_epoch=12",
+        "train.optimizer.schedule.decay_steps=14",
+    ],
+}
+RESUMED = ["train.epochs=2", "train.steps_per_epoch=null"]  # with resume=<fit_one_device's directory>
 CLUSTERS = {  # a cluster of processes uses both cores: one at a time
     "mwms2": ["strategy=multi_worker_mirrored", "cluster=localhost", "cluster.workers=2", "cross_device_ops=ring"],
 }
@@ -51,7 +87,13 @@ ENV = {"PYTHONPATH": str(USER)}
 
 @pytest.fixture(scope="module")
 def runs(runner):
-    done = runner.many({name: [*KERAS3, *args] for name, args in SINGLE.items()}, env_extra=ENV)
+    (runner.root / EPOCH_LOG).unlink(missing_ok=True)
+    done = runner.many({name: [*KERAS3, *args] for name, args in {**SINGLE, **FIT}.items()}, env_extra=ENV)
+    assert done["fit_one_device"].returncode == 0, done["fit_one_device"].output[-3000:]
+    run_dir = done["fit_one_device"].run_dir
+    done["fit_resumed"] = run_runner(
+        [*RESUMED, f"resume={run_dir}"], cwd=runner.root, run_dir=run_dir, tracking_uri=runner.uri, env_extra=ENV
+    )
     for name, args in CLUSTERS.items():
         done[name] = runner(name, [*KERAS3, *args], env_extra=ENV)
     for name, result in done.items():
@@ -73,6 +115,53 @@ def test_keras3_weights_equal_the_default_strategy(runs, strategy):
     assert len(got) == len(reference) > 0
     for a, b in zip(got, reference):
         assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+def close(got, reference):
+    assert len(got) == len(reference) > 0
+    for a, b in zip(got, reference):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+@pytest.mark.parametrize(
+    "row, against",
+    [
+        ("fit_central_storage", "default"),  # against the custom loop's
+        ("fit_resumed", "default"),  # one_device, stopped at step 12 and resumed inside the epoch
+        ("fit_mirrored4", "fit_default"),  # uneven replica batches: against one device's fit with the same batch
+    ],
+)
+def test_keras3_fit_weights_equal_the_default_strategys(runs, row, against):
+    run_dir = runs["fit_one_device"].run_dir if row == "fit_resumed" else runs[row].run_dir
+    close(weights(run_dir / "model.keras"), weights(runs[against].run_dir / "model.keras"))
+
+
+def test_keras3_fit_logs_replicas_keeps_the_best_stops_early_and_runs_the_users_keras3_callback(runs, runner):
+    """Keras 3's fit: each replica's loss and metric logged, the evaluations the same as one device's with the same
+    global batch, the best checkpoint kept and restored, a user's Keras 3 callback called once per epoch, early
+    stopping after the second of 3 epochs; resumed, fit went on from step 12 in the same MLflow run."""
+    import json
+
+    client, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "fit_mirrored4")
+    _, one = mlflow_run_by_name(runner.uri, EXPERIMENT, "fit_default")
+    assert run.info.status == "FINISHED" and run.data.tags["keras_version"].startswith("3.")
+    names = {f"loss/replica_{i}" for i in range(4)} | {f"true_class_probability/replica_{i}" for i in range(4)}
+    assert names <= set(run.data.metrics)
+    losses = [m.value for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert len(losses) == 16 and all(np.isfinite(losses))
+    for key in ["eval/loss", "eval/true_class_probability", "loss"]:
+        assert run.data.metrics[key] == pytest.approx(one.data.metrics[key], rel=1e-5), key
+    assert run.data.metrics["best/step"] == 16.0
+    best = runs["fit_mirrored4"].run_dir / "checkpoints"
+    assert (best / "best.json").exists() and (best / "best").is_dir()
+    epochs = [json.loads(line) for line in (runner.root / EPOCH_LOG).read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [0, 1] and all(np.isfinite(e["loss"]) for e in epochs)
+    stopped = runs["fit_central_storage"].output
+    assert "early stopping at step 16" in stopped and "done: 16 steps" in stopped, stopped[-3000:]
+    client, resumed = mlflow_run_by_name(runner.uri, EXPERIMENT, "fit_one_device")
+    assert resumed.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(resumed.info.run_id, "loss"))
+    assert steps == list(range(1, 17))  # 12 in the first run, 13-16 resumed: no step twice, none missing
 
 
 def test_keras3_run_is_tagged_and_logs_the_schedule(runs, runner):
@@ -140,7 +229,6 @@ def test_the_logged_keras3_model_loads_and_predicts_like_the_saved_one(runs, run
 @pytest.mark.parametrize(
     "case, args, says",
     [
-        ("fit", ["executor=fit"], ["with executor=fit:", "AddN shape mismatch", "Use executor=custom_loop"]),
         (
             "clipnorm",
             ["strategy=mirrored", "devices.logical_cpus=2", "train.optimizer.clipnorm=1.0"],
@@ -154,6 +242,17 @@ def test_keras3_refusals_end_the_command_with_exit_2_before_training(runner, cas
     assert all(s in result.output for s in says) and "Traceback" not in result.output, result.output[-3000:]
     assert "epoch 1/" not in result.output and not (result.run_dir / "checkpoints").exists()
     assert_refused_run_deleted(runner.uri, EXPERIMENT, f"refused-{case}", result, says[0])
+
+
+def test_keras3_fit_under_multi_worker_mirrored_is_refused_before_training(runner):
+    mwms = [*CLUSTERS["mwms2"], "executor=fit"]
+    result = runner("fit-mwms", [*KERAS3, *mwms], env_extra=ENV)
+    assert result.returncode == 2, result.output[-3000:]
+    said = ["with executor=fit under strategy=multi_worker_mirrored:", "keras-team/keras#20585", "Use executor=custom_loop"]
+    assert all(s in result.output for s in said) and "Traceback" not in result.output, result.output[-3000:]
+    assert "epoch 1/" not in result.output
+    # the launcher's run, which the chief attached to, trained nothing: deleted by the launcher, which created it
+    assert_refused_run_deleted(runner.uri, EXPERIMENT, "fit-mwms", result, "refused the configuration (exit code 2")
 
 
 def test_keras3_under_parameter_server_is_refused_before_training(runner):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # end to end: a sweep and runs of `python -m runn
 
 USER = Path(__file__).resolve().parents[1] / "user_project"
 EXPERIMENT = "own-model"
-EXECUTOR = "custom_loop"
+EXECUTOR = "fit"
 CLASSES = ("a", "b", "c", "d")  # four: the tutorial model's num_classes default would be wrong
 
 

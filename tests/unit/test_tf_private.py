@@ -87,3 +87,14 @@ def test_the_preemption_handler_still_says_which_platform_it_found(tmp_path):
     )
     assert hasattr(handler, tf_private.PLATFORM), f"PreemptionCheckpointHandler.{tf_private.PLATFORM} is gone"
     assert tf_private.preemption_handler_acts(handler)  # not a GCE VM: TensorFlow's handler acts on its notices
+
+
+def test_keras3_fit_still_has_the_symbolic_build_the_keras3_fit_skips():
+    """runner.executors.keras3_fit's model overrides it: gone, fit would read a batch from another iterator first."""
+    import keras
+
+    from runner import tf_private
+
+    assert callable(getattr(keras.Model, tf_private.SYMBOLIC_BUILD, None)), f"keras.Model.{tf_private.SYMBOLIC_BUILD} is gone"
+    tf_private.NoSymbolicBuild.check()
+    assert f"keras.Model.{tf_private.SYMBOLIC_BUILD}" not in tf_private._warned

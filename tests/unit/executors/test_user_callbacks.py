@@ -41,3 +41,18 @@ def test_a_callback_that_cannot_be_made_or_is_not_one_is_named_by_its_key(user_p
     with pytest.raises(ConfigError) as err:
         build_callbacks(OmegaConf.create([good, spec]))
     assert said in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow  # imports TensorFlow (both Keras)
+def test_a_keras3_model_takes_keras3_callbacks_and_refuses_tf_keras_ones(user_project):
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import keras
+
+    from runner.executors.user_callbacks import build_callbacks
+
+    made = build_callbacks(OmegaConf.create([{"_target_": "my_keras3_callbacks.EpochLog", "path": "e.jsonl"}]), keras)
+    assert isinstance(made[0], keras.callbacks.Callback)
+    with pytest.raises(ConfigError) as err:
+        build_callbacks(OmegaConf.create([{"_target_": "my_callbacks.EpochLog", "path": "e.jsonl"}]), keras)
+    said = str(err.value)
+    assert "returned EpochLog, not a keras.callbacks.Callback" in said and "Keras 3" in said and "\n" not in said
