@@ -202,11 +202,13 @@ def register() -> None:
     OmegaConf.register_new_resolver("runner.config_groups", helptext.for_template, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="runner_schema", node=RunnerConfig)
-    search_config.register(cs)  # hydra/sweeper=optuna: the runner's own sweeper on the current Optuna
     from hydra.core.plugins import Plugins
     from hydra_plugins.runner_sweeper import RunnerOptunaSweeper
 
     Plugins.instance().register(RunnerOptunaSweeper)  # an editable install is not on Hydra's plugin scan path
+    # hydra/sweeper=optuna: the runner's own sweeper on the current Optuna; stored after Hydra's plugin scan (above),
+    # so that a hydra-optuna-sweeper left installed from an earlier version does not take the name back
+    search_config.register(cs)
     for group in registry.GROUPS:
         for option in registry.options(group).values():
             cs.store(group=f"schema/{group}", name=option.name, node=option.node())
