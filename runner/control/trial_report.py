@@ -50,7 +50,7 @@ class TrialReport:
                     log.info("pruned at step %d by the sweep (sweep.pruner): %s=%.4f is behind the other trials",
                              step, self.objective, results[self.objective])  # fmt: skip
                 return bool(verdict.get("prune"))
-            time.sleep(0.05)
+            time.sleep(0.01)
         log.warning("sweep.pruner: no verdict from the sweep for step %d within %.0f s; the trial goes on", step, WAIT_SEC)
         return False
 

@@ -10,7 +10,7 @@ import threading
 from runner.control.trial_report import EVALUATIONS, VERDICT
 from runner.errors import ConfigError
 
-POLL_SEC = 0.1
+POLL_SEC = 0.02  # a verdict waits on this poll: each evaluation of a trial pays it once
 
 
 def pruner_of(name: str | None, objectives: list[str]):
