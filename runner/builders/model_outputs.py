@@ -59,15 +59,26 @@ def _shape(t) -> tuple:
     return tuple(None if d is None else int(d) for d in tuple(t.shape))
 
 
-def output_shape(model, x_probe) -> tuple | None:
-    """The output's shape without the batch (None for several outputs)."""
+def output_shape(model, x_probe) -> tuple[tuple | None, np.ndarray | None]:
+    """(the output's shape without the batch, None for several outputs; the probe's output where the model was
+    called for it: a subclassed model's)."""
     outputs = _symbolic(model, "outputs")
     if outputs is None:
         out = model(x_probe, training=False)
         if isinstance(out, (list, tuple, dict)):
-            return None
-        return tuple(np.asarray(out).shape[1:])
-    return None if len(outputs) != 1 else _shape(outputs[0])[1:]
+            return None, None
+        out = np.asarray(out)
+        return tuple(out.shape[1:]), out
+    return (None if len(outputs) != 1 else _shape(outputs[0])[1:]), None
+
+
+def _sums_to_one(out) -> bool:
+    """A subclassed model's probe output that is a distribution in every row: softmax, whichever of its attributes
+    (model.layers' order) applies it last."""
+    if out is None or out.ndim != 2 or out.shape[1] < 2:
+        return False
+    out = out.astype(np.float64)
+    return bool(np.all(out >= 0) and np.allclose(out.sum(axis=1), 1.0, atol=1e-5))
 
 
 def _dtype_kind(dtype) -> str:
@@ -101,9 +112,11 @@ def check_output(model, target: str, loss, num_outputs: int, task: str, x_probe)
     built-in losses should take."""
     from runner.builders.loss import is_target
 
-    shape = output_shape(model, x_probe)
+    shape, probed = output_shape(model, x_probe)
     width = shape[-1] if shape else None
     kind, said = output_kind(model, width)
+    if kind == LOGITS and _sums_to_one(probed):
+        kind, said = PROBABILITIES, f"{said}, and its outputs for two examples sum to 1 in each row"
     if is_target(loss) or shape is None:
         return kind, said  # a user's loss reads the output its own way
     if loss == "sparse_categorical_crossentropy":

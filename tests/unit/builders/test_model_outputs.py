@@ -25,12 +25,15 @@ def _sequential(k, last):
     return k.Sequential([k.Input(shape=(6,)), k.layers.Dense(5, activation="relu"), *last])
 
 
-def _subclassed(k, activation):
+def _subclassed(k, activation, out_first=False):
     class Net(k.Model):
         def __init__(self):
             super().__init__()
-            self.hidden = k.layers.Dense(5)
-            self.out = k.layers.Dense(3, activation=activation)
+            if out_first:  # model.layers lists the output layer first: the probe's rows summing to 1 tell
+                self.out = k.layers.Dense(3, activation=activation)
+            self.hidden = k.layers.Dense(5, activation="relu")
+            if not out_first:
+                self.out = k.layers.Dense(3, activation=activation)
 
         def call(self, x):
             return self.out(self.hidden(x))
@@ -53,6 +56,7 @@ def test_softmax_and_sigmoid_last_layers_are_probabilities(flavor):
         "logits": (_sequential(k, [k.layers.Dense(3)]), LOGITS),
         "subclassed softmax": (_subclassed(k, "softmax"), PROBABILITIES),
         "subclassed logits": (_subclassed(k, None), LOGITS),
+        "subclassed softmax assigned first": (_subclassed(k, "softmax", out_first=True), PROBABILITIES),
         "sigmoid over 3 outputs": (_sequential(k, [k.layers.Dense(3, activation="sigmoid")]), LOGITS),
     }
     for name, (model, expected) in cases.items():
