@@ -12,6 +12,9 @@ environment only, never on the command line, where `ps` shows it to everyone:
   this file holds once created; beside it the sweep's request for that run, so that the first job's MLflow process
   (mlflow loaded already) creates it.
 - `RUNNER_SWEEP_JOB` (sweep -> job: tracking, app): the job's number; a job never starts a sweep of its own.
+- `RUNNER_SWEPT_KEYS` (sweep -> its task functions): the keys that differ between jobs, as JSON;
+  `RUNNER_RUN_NAME` (sweep -> job: tracking): the job's child run name, its values of those keys
+  (runner.sweeps.run_names).
 - `RUNNER_PRUNE` (sweep -> job: executors): the search prunes (sweep.pruner): evaluate after each epoch and report
   to the sweep (runner.control.trial_report).
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
@@ -40,6 +43,8 @@ LOGGED_THROUGH = "RUNNER_LOGGED_THROUGH"  # elastic: the steps an earlier genera
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 PRUNE = "RUNNER_PRUNE"
+RUN_NAME = "RUNNER_RUN_NAME"
+SWEPT_KEYS = "RUNNER_SWEPT_KEYS"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
 SPARE = "RUNNER_SPARE"
 SPARE_FILE = "RUNNER_SPARE_FILE"

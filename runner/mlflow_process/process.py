@@ -110,6 +110,7 @@ class Calls:
         job: str | None,
         tags: dict,
         system_metrics_every_sec: float | None = None,
+        run_name: str | None = None,
     ) -> dict:
         """Continue, attach to, or create the run; a new one gets the config as params and artifacts. The run's owner
         (not an attached task) samples system metrics every `system_metrics_every_sec` (None: not). A sweep's job
@@ -120,7 +121,7 @@ class Calls:
                 from runner.mlflow_process import store
 
                 parent = store.sweep_parent(self.client, self.uri, parent_file)
-            started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags)
+            started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags, run_name)
             if system_metrics_every_sec and not attached:
                 self.start_system_metrics(started["run_id"], system_metrics_every_sec, bool(resumed))
             if not self._niced:  # the training process waits for the run's start (and its end): not for what comes between
@@ -140,7 +141,7 @@ class Calls:
                 "trained. Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false."
             ) from None
 
-    def _start(self, cfg, overrides, attached, resumed, parent, job, tags) -> dict:
+    def _start(self, cfg, overrides, attached, resumed, parent, job, tags, job_name=None) -> dict:
         import mlflow
 
         from runner.mlflow_process import store
@@ -173,7 +174,9 @@ class Calls:
             if parent:  # a job of a sweep: nested under the sweep's run (named run_name), in its experiment
                 experiment_id = client.get_run(parent).info.experiment_id
                 tags = {**tags, "mlflow.parentRunId": parent, "sweep.job_num": job or ""}
-                run_name = f"{run_name}-{job or ''}" if run_name else None
+                # named by its swept values (runner.sweeps.run_names), after the sweep's name when it has one
+                numbered = f"{run_name}-{job or ''}" if run_name else None
+                run_name = " ".join(filter(None, [numbered, job_name])) or None
             else:
                 mlflow.set_tracking_uri(self.uri)
                 experiment_id = mlflow.set_experiment(cfg.mlflow.experiment_name).experiment_id

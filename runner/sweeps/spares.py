@@ -22,7 +22,8 @@ import subprocess
 
 from runner.control import ahead, contract, procs
 
-PER_JOB = (contract.SWEEP_JOB, contract.SPARE)  # what differs between a spare's environment and its job's
+# what differs between a spare's environment and its job's (the job's whole environment is handed over with it)
+PER_JOB = (contract.SWEEP_JOB, contract.SPARE, contract.RUN_NAME, contract.SWEEP_SIZE, contract.PRUNE)
 
 
 class Spares:

@@ -24,6 +24,7 @@ from runner.config.redact import error_line, redact, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
 from runner.sweeps import slurm
+from runner.sweeps.run_names import job_run_name, swept_keys
 from runner.sweeps.search import continues_study, objectives
 from runner.sweeps.search_config import SWEEPER_TARGET
 from runner.sweeps.server import MlflowServer
@@ -156,7 +157,8 @@ def run_sweep_job(cfg: DictConfig) -> float:
     if not secondary:
         log.info("job #%d (%d of %s): %s", num, num + 1, total, redact(" ".join(hc.overrides.task)) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
-    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num)})  # and PARENT_RUN_FILE, from the sweep
+    name = job_run_name(overrides, json.loads(os.environ.get(contract.SWEPT_KEYS) or "[]")) or f"job-{num}"
+    env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num), contract.RUN_NAME: name})  # + PARENT_RUN_FILE
     # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
     # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
     # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
@@ -328,6 +330,7 @@ class SweepCallback(Callback):
         logging.getLogger("submitit").addFilter(slurm.SacctQuiet())
         for name in HYDRA_LAUNCHER_LOGS:  # each job is announced once, by run_sweep_job, with secrets masked
             logging.getLogger(name).addFilter(_NoPerJobLine())
+        os.environ[contract.SWEPT_KEYS] = json.dumps(swept_keys(list(hc.overrides.task), hc.sweeper.get("params")))
         total = count_jobs(hc)
         label = "?" if total is None else str(total)
         os.environ[contract.SWEEP_SIZE] = label  # the jobs' task functions run here or in children started later

@@ -325,6 +325,7 @@ def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
         resumed=None if attached else _saved_run_id(cfg.output_dir),
         parent_file=os.environ.get(contract.PARENT_RUN_FILE),  # a sweep's job: its parent run, created by the first job
         job=os.environ.get(contract.SWEEP_JOB),
+        run_name=os.environ.get(contract.RUN_NAME),
         tags=tags,
         system_metrics_every_sec=cfg.mlflow.system_metrics_every_sec if cfg.mlflow.system_metrics else None,
     )
