@@ -207,6 +207,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     run.log_inputs(describe_data(cfg.data, arrays))  # MLflow's dataset view: name, source, digest, schema, rows
     parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     data = build_data(cfg.data, arrays, cfg.train, replicas, cluster, parameter_server)
+    run.set_tags({"steps_per_epoch": data.steps_per_epoch})  # the sweep report's loss curves need the epochs' bounds
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy
     if cfg.train.mixed_precision:
         tf_keras.mixed_precision.set_global_policy("mixed_float16")

@@ -131,6 +131,28 @@ def scaling_efficiency(rows: list[dict]) -> dict[int, float]:
     return out
 
 
+def interval_means(points: list[tuple[int, float]], steps_per_epoch: int | None) -> list[tuple[int, float]]:
+    """The logged training loss is the mean since its epoch began (as Model.fit logs it), so a curve of it restarts
+    at every epoch boundary: (step, the mean over the steps since the previous logged point) instead. Without
+    steps_per_epoch (a run logged before it was tagged) the points are given back as they are."""
+    if not steps_per_epoch:
+        return points
+    out, last_epoch, last_n, last_mean = [], None, 0, 0.0
+    for step, mean in points:
+        epoch, n = (step - 1) // steps_per_epoch, (step - 1) % steps_per_epoch + 1  # n: steps of its epoch so far
+        if epoch != last_epoch:
+            last_n, last_mean = 0, 0.0
+        if n > last_n:
+            out.append((step, (mean * n - last_mean * last_n) / (n - last_n)))
+        last_epoch, last_n, last_mean = epoch, n, mean
+    return out
+
+
+def _steps_per_epoch(run) -> int | None:
+    value = run.data.tags.get("steps_per_epoch") or run.data.params.get("train.steps_per_epoch")
+    return int(value) if value and str(value).isdigit() else None
+
+
 def plots(client, runs, rows, out_dir) -> list[str]:
     import matplotlib
 
@@ -152,10 +174,11 @@ def plots(client, runs, rows, out_dir) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4))
     for run, r in zip(runs, rows):
         history = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
-        if history:
-            ax.plot([m.step for m in history], [m.value for m in history], label=label[r["job"]])
+        points = interval_means([(m.step, m.value) for m in history], _steps_per_epoch(run))
+        if points:
+            ax.plot([s for s, _ in points], [v for _, v in points], label=label[r["job"]])
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("training loss, mean over each logging interval")
     ax.set_title("Loss curves")
     if ax.lines:
         ax.legend(fontsize="small")

@@ -264,3 +264,16 @@ def test_the_sweeps_server_writes_the_report_it_is_asked_for_and_says_what_faile
     finally:
         server.stop()
     assert server.report(args, str(tmp_path / "gone.json")) is None and not os.path.exists(server.dir)
+
+
+def test_the_loss_curves_do_not_restart_at_epoch_boundaries():
+    """Running means since each epoch's start, logged every 2 steps over epochs of 4: each interval's own mean."""
+    from runner.sweeps.report import interval_means
+
+    losses = [4.0, 2.0, 3.0, 1.0, 1.0, 1.0, 0.5, 0.5]  # the steps' own losses
+    logged = []
+    for step in (2, 4, 6, 8):
+        start = (step - 1) // 4 * 4
+        logged.append((step, sum(losses[start:step]) / (step - start)))
+    assert interval_means(logged, 4) == [(2, 3.0), (4, 2.0), (6, 1.0), (8, 0.5)]
+    assert interval_means(logged, None) == logged  # no steps_per_epoch known: as logged
