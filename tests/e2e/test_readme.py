@@ -102,6 +102,8 @@ def kind_of(tokens):
         return "dashboard", None
     if tokens[:3] == ["python", "-m", "runner.deliver"]:
         return "deliver", None
+    if tokens[:3] == ["python", "-m", "runner.compare"]:
+        return "compare", None  # on two jobs of README's first sweep
     if tokens[:3] == ["python", "-m", "runner.export"]:
         return "export", None
     if tokens[:3] == ["python", "-m", "benchmarks.gpu_scaling"]:
@@ -579,6 +581,21 @@ def check_deliver(scratch, args, proc):
     _ok(proc)
 
 
+def run_compare(scratch, tokens, results):
+    """README's compare command on jobs 0 and 1 of README's first sweep (one_device with fit, then custom_loop)."""
+    _, sweep_dir = results(GRID)
+    return scratch.run([*_python(tokens[:3]), str(sweep_dir / "0"), str(sweep_dir / "1")], timeout=120)
+
+
+def check_compare(scratch, args, proc):
+    _ok(proc)
+    lines = proc.stdout.splitlines()
+    differ = lines[: next(i for i, line in enumerate(lines) if line.startswith("("))]
+    assert any(line.split()[0] == "executor.name" for line in differ[1:]), proc.stdout  # what differs, and only that
+    assert not any(line.split()[0] == "strategy.name" for line in differ[1:]), proc.stdout
+    assert any(line.startswith("eval/loss ") for line in lines), proc.stdout
+
+
 def run_export(scratch, tokens):
     return scratch.run(_python(tokens), timeout=300)
 
@@ -952,6 +969,7 @@ DEPENDENT = {
     "elastic-kill": lambda scratch, tokens, results: results(next(k for k, (kind, _) in KINDS.items() if kind == "elastic")),
     "resume": run_resume,
     "deliver": run_deliver,
+    "compare": run_compare,
     "tfrecord": run_tfrecord,
     "serve": run_serve,
     "setup": run_setup,
@@ -968,6 +986,7 @@ CHECKS = {
     "tpu": check_tpu,
     "dashboard": check_dashboard,
     "deliver": check_deliver,
+    "compare": check_compare,
     "benchmark-run": check_benchmark,
     "benchmark-loop": check_benchmark,
     "benchmark-wall": check_benchmark,
