@@ -193,6 +193,8 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
     again = _interrupted(study)
     finished = len([t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]) - len(again)
     left = int(conf.get("n_trials", 20)) - finished - len(again)
+    if "search_space" in fixed:  # grid: each combination once, however many trials were asked for
+        left = min(left, math.prod(len(v) for v in fixed["search_space"].values()) - finished - len(again))
     if finished or again:
         log.info("continuing the study in %s: %d trial(s) done, %d interrupted (continued first), %d more to go",
                  sweep_dir, finished, len(again), max(0, left))  # fmt: skip
@@ -203,7 +205,7 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
     batch = max(1, int(conf.get("n_jobs", 1)))
     while again or left > 0:
         if again:  # one at a time: their numbers need not follow each other
-            trials, overrides = [again.pop(0)], None
+            trials = [again.pop(0)]
             overrides = [_again(trials[0], space, sweep_dir, str(subdir))]
         else:
             trials = [study.ask(space.distributions) for _ in range(min(batch, left))]
