@@ -97,7 +97,8 @@ def test_the_users_model_trains_in_a_strategy_sweep_without_a_failed_run(sweep, 
     jobs = [r for r in runs if r.data.tags.get("sweep.job_num") is not None]
     assert len(jobs) == 2 and all(r.info.status == "FINISHED" for r in jobs), [r.info.status for r in jobs]
     assert all(r.data.tags["model_outputs"] == "probabilities" for r in jobs)
-    assert sorted(r.info.run_name for r in jobs) == ["strategy=default", "strategy=mirrored"]  # named by what differs
+    names = sorted(r.info.run_name for r in jobs)  # after the sweep's mlflow.run_name, what differs between them
+    assert names == ["own-model-sweep-0 strategy=default", "own-model-sweep-1 strategy=mirrored"], names
     assert all(0 <= r.data.metrics["eval/accuracy"] <= 1 for r in jobs)  # what it learnt: the logits run's weights, below
 
 
