@@ -161,6 +161,13 @@ class Pruner(StrEnum):
     hyperband = "hyperband"
 
 
+class OnFailure(StrEnum):
+    """sweep.on_failure (runner.sweeps.failures)."""
+
+    continue_ = "continue"
+    stop = "stop"
+
+
 @dataclass
 class SweepConfig:
     # the metric a sampling sweeper (hydra/sweeper=optuna) optimises: each job returns its final value, read from
@@ -170,6 +177,10 @@ class SweepConfig:
     objective: Any = "eval/loss"
     # hydra/sweeper=optuna: stop trials that are behind the others at an evaluation (each epoch's, then)
     pruner: str = choice(Pruner, "none")
+    # a job that failed: the sweep goes on (continue) or starts no further job (stop); a job ended by a fault (a lost
+    # peer, a signal: killed, out of memory, preempted) runs again from its checkpoint up to `retries` times
+    on_failure: str = choice(OnFailure, "continue")
+    retries: int = ranged(0, ge=0)
 
 
 @dataclass

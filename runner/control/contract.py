@@ -15,6 +15,8 @@ environment only, never on the command line, where `ps` shows it to everyone:
 - `RUNNER_SWEPT_KEYS` (sweep -> its task functions): the keys that differ between jobs, as JSON;
   `RUNNER_RUN_NAME` (sweep -> job: tracking): the job's child run name, its values of those keys
   (runner.sweeps.run_names).
+- `RUNNER_RETRY` (sweep -> job: tracking): this attempt of a job that ended by a fault (sweep.retries), tagged
+  `sweep.retry` on its run.
 - `RUNNER_PRUNE` (sweep -> job: executors): the search prunes (sweep.pruner): evaluate after each epoch and report
   to the sweep (runner.control.trial_report).
 - `RUNNER_SWEEP_SIZE` (sweep -> its task functions): how many jobs the sweep has ("?" when it cannot be told).
@@ -43,6 +45,7 @@ LOGGED_THROUGH = "RUNNER_LOGGED_THROUGH"  # elastic: the steps an earlier genera
 PARENT_RUN_FILE = "RUNNER_PARENT_RUN_FILE"
 SWEEP_JOB = "RUNNER_SWEEP_JOB"
 PRUNE = "RUNNER_PRUNE"
+RETRY = "RUNNER_RETRY"
 RUN_NAME = "RUNNER_RUN_NAME"
 SWEPT_KEYS = "RUNNER_SWEPT_KEYS"
 SWEEP_SIZE = "RUNNER_SWEEP_SIZE"

@@ -157,6 +157,8 @@ class Calls:
                 previous = client.get_run(resumed).info.status  # what a refusal before any step gives back
                 client.update_run(resumed, status="RUNNING")
                 client.set_tag(resumed, "resumed_with", redact(" ".join(overrides)))
+                if "sweep.retry" in tags:  # a sweep's job run again after a fault (sweep.retries)
+                    client.set_tag(resumed, "sweep.retry", tags["sweep.retry"])
             # An earlier attempt killed without a word left its journal: send what the store never got, and do not
             # log again the steps it holds (training restarts at the checkpoint, before them).
             sent, logged_through = (

@@ -80,7 +80,7 @@ def _job_row(record: dict, swept=()) -> dict:
         **row,
         **{k: given.get(k, "") for k in swept},
         "job": record["num"],
-        "status": REFUSED if record["returncode"] == 2 else "FAILED",
+        "status": "SKIPPED" if record.get("skipped") else REFUSED if record["returncode"] == 2 else "FAILED",
         "strategy": given.get("strategy", ""),
         "executor": given.get("executor", ""),
     }
@@ -240,7 +240,9 @@ def write_report(
         with open(path) as f:
             results.append(json.load(f))
     with_runs = {r.data.tags.get("sweep.job_num") for r in runs}
-    runless = sorted((s for s in results if s["returncode"] and str(s["num"]) not in with_runs), key=lambda s: s["num"])
+    runless = sorted(
+        (s for s in results if (s["returncode"] or s.get("skipped")) and str(s["num"]) not in with_runs), key=lambda s: s["num"]
+    )
     swept = swept_keys([_overrides(r) for r in runs] + [_given(s["overrides"]) for s in runless])
     pairs = sorted(zip(runs, [_row(r, swept) for r in runs]), key=lambda p: p[1]["job"])
     runs, rows = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -256,6 +258,7 @@ def write_report(
         for r in rows  # in job order
         if r["status"] != "FINISHED"
         and not str(r["status"]).startswith("PRUNED")  # ended cleanly where the search stopped it
+        and r["status"] != "SKIPPED"  # not started: sweep.on_failure=stop after another job failed
         and not any(s["num"] == r["job"] and s["returncode"] for s in results)
     ]
     with open(os.path.join(sweep_dir, "report.csv"), "w", newline="") as f:

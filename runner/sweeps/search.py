@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 from runner.config import layout, validate
 from runner.control import contract
 from runner.errors import ConfigError
-from runner.sweeps import pruning, search_space
-from runner.sweeps.search_config import STUDY_FILE, SWEEPER_TARGET
+from runner.sweeps import failures, pruning, search_space
+from runner.sweeps.search_config import STATE_DIR, STUDY_FILE, SWEEPER_TARGET
 
 log = logging.getLogger("runner")
 SPACE_ATTR, OBJECTIVE_ATTR = "runner.search_space", "runner.objectives"
@@ -203,7 +203,7 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
         os.environ[contract.PRUNE] = "1"  # the jobs evaluate after each epoch and report here (runner.sweeps.pruning)
     subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
     batch = max(1, int(conf.get("n_jobs", 1)))
-    while again or left > 0:
+    while (again or left > 0) and failures.stopped_by(os.path.join(sweep_dir, STATE_DIR)) is None:
         if again:  # one at a time: their numbers need not follow each other
             trials = [again.pop(0)]
             overrides = [_again(trials[0], space, sweep_dir, str(subdir))]

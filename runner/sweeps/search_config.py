@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 SWEEPER_TARGET = "hydra_plugins.runner_sweeper.RunnerOptunaSweeper"
 STUDY_FILE = "optuna.db"
+STATE_DIR = ".runner"  # the sweep's state directory (runner.sweeps.sweep): how each job ended
 
 
 @dataclass

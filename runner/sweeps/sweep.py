@@ -20,13 +20,14 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from runner.config import layout
 from runner.config.redact import error_line, redact, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
-from runner.sweeps import slurm
+from runner.sweeps import failures, slurm
 from runner.sweeps.run_names import job_run_name, swept_keys
 from runner.sweeps.search import continues_study, objectives
-from runner.sweeps.search_config import SWEEPER_TARGET
+from runner.sweeps.search_config import STATE_DIR, SWEEPER_TARGET  # STATE_DIR: in the sweep directory, how each job ended
 from runner.sweeps.server import MlflowServer
 from runner.sweeps.spares import Spares
 
@@ -37,7 +38,7 @@ HYDRA_LAUNCHER_LOGS = (
     "hydra_plugins.hydra_joblib_launcher._core",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
 )
-STATE_DIR = ".runner"  # inside the sweep directory: how each job ended (the report reads it)
+
 PARENT_FILE = "parent-run.json"  # in STATE_DIR: the parent run's id once it exists (contract.announce_parent_run)
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 # The next job's process, started ahead (runner.sweeps.spares): under the basic launcher only, which runs the jobs one
@@ -163,9 +164,13 @@ def run_sweep_job(cfg: DictConfig) -> float:
     # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
     # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
     # thread: the basic launcher's, or a joblib worker process's).
+    first = failures.stopped_by(_state(sweep_dir, ""))
     if problem:
         sys.stdout.write(f"[{label}] {problem}")
         code, tail = 2, [problem]
+    elif first is not None and not secondary:  # sweep.on_failure=stop, and a job before this one failed
+        log.warning("job %s not started: job #%d failed and sweep.on_failure=stop", label, first)
+        code, tail = None, [f"not started: job #{first} failed and sweep.on_failure=stop\n"]
     else:
         try:
             # Its own process group (not under Slurm, which signals every process of a step itself): a Ctrl-C reaches
@@ -175,16 +180,29 @@ def run_sweep_job(cfg: DictConfig) -> float:
             argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
             more = not total.isdigit() or num + 1 < int(total)
             code, tail = _run_child(argv, env, label, own_group, spare_after=more)
+            for attempt in range(1, cfg.sweep.retries + 1):
+                if not failures.is_fault(code):
+                    break
+                resumable = os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE))
+                log.warning("job %s ended by a fault (exit code %d): attempt %d of sweep.retries=%d, %s", label, code,
+                            attempt, cfg.sweep.retries, "from its checkpoint" if resumable else "from the start")  # fmt: skip
+                again = [*argv, f"resume={job_dir}"] if resumable else argv
+                code, tail = _run_child(again, {**env, contract.RETRY: str(attempt)}, label, own_group)
         except SweepStopped as stop:
             _stopped(cfg, stop, label)
     if secondary:
         return math.nan  # Hydra's submitit launcher returns task 0's value
     status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
+    if code is None:
+        status["skipped"] = True
+    elif code and cfg.sweep.on_failure == "stop":
+        failures.stop_after(_state(sweep_dir, ""), num)
     if code:
         status["error"] = "".join(tail)  # a job that left no run (refused: its run deleted) is reported from this
-        log.error("job %s failed (exit code %d); the sweep goes on", label, code)
+        goes_on = "the sweep goes on" if cfg.sweep.on_failure != "stop" else "no further job starts (sweep.on_failure=stop)"
+        log.error("job %s failed (exit code %d); %s", label, code, goes_on)
     names = objectives(cfg)
-    values = [None if code else _objective(name, job_dir, label) for name in names]
+    values = [None if code or code is None else _objective(name, job_dir, label) for name in names]
     status["objective"] = values[0] if len(names) == 1 else values
     with open(_state(sweep_dir, f"job-{num}.json"), "w") as f:
         json.dump(status, f)

@@ -317,6 +317,7 @@ def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
         "cluster.name": cfg.cluster.name,
         **extra_tags,
         **env_tags(),
+        **({"sweep.retry": os.environ[contract.RETRY]} if os.environ.get(contract.RETRY) else {}),
     }
     return dict(
         cfg=OmegaConf.to_container(cfg, resolve=True),

@@ -155,3 +155,44 @@ def test_each_job_of_a_slurm_sweep_gets_its_own_ports(monkeypatch):
     assert port_base(65533, 0) == 65533  # its three ports end at 65535 exactly
     with pytest.raises(ConfigError, match=r"cluster.port_base=65530: job #2 .* past 65535"):
         port_base(65530, 2)
+
+
+@pytest.mark.slow  # end to end: a sweep whose first job is refused
+def test_on_failure_stop_starts_no_job_after_the_first_failure(runner):
+    """sweep.on_failure=stop: job #0 is refused (train.epochs=0, before TensorFlow), job #1 is not started, and the
+    report says so; the sweep exits 1 naming only the failed job."""
+    proc, sweep_dir = sweep(runner, "stop-at-first", ["train.epochs=0,1", "train.steps_per_epoch=2", "sweep.on_failure=stop"])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "1 of the sweep's jobs failed: #0" in proc.stderr
+    assert "job #1 not started: job #0 failed and sweep.on_failure=stop" in proc.stdout + proc.stderr
+    assert "[#1]" not in proc.stdout  # no process was started for it
+    with open(sweep_dir / "report.csv") as f:
+        assert [row["status"] for row in csv.DictReader(f)] == ["REFUSED", "SKIPPED"]
+
+
+@pytest.mark.slow  # end to end: a sweep whose job is killed once
+def test_a_job_ended_by_a_fault_is_retried_from_its_checkpoint(runner):
+    """sweep.retries=1: the job's training process is killed with SIGKILL (as the kernel's OOM killer or a lost node
+    would end it); it runs again from its checkpoint in its own MLflow run, tagged sweep.retry=1, every step once."""
+    import json
+
+    def kill_the_job(argv, env):
+        lock = sweep_dir / "0" / ".runner.lock"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list((sweep_dir / "0" / "checkpoints").glob("ckpt-*.index")):
+            time.sleep(0.05)
+        pid = int(lock.read_text().split()[0]) if lock.read_text()[:1].isdigit() else json.loads(lock.read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+
+    sweep_dir = runner.root / "sweeps" / "retried"
+    args = ["train.seed=3", "sweep.retries=1", "executor=custom_loop", "train.epochs=1", "train.steps_per_epoch=1500"]
+    args += ["checkpoint.every_n_steps=100", "train.log_every_n_steps=50"]
+    proc, _ = sweep(runner, "retried", args, while_running=kill_the_job)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, said[-3000:]
+    assert "job #0 ended by a fault (exit code -9): attempt 1 of sweep.retries=1, from its checkpoint" in said
+    assert "resumed from checkpoint at step" in said
+    client, parent, (child,) = family(runner, "retried")
+    assert child.info.status == "FINISHED" and child.data.tags["sweep.retry"] == "1"
+    steps = [m.step for m in client.get_metric_history(child.info.run_id, "loss")]
+    assert sorted(steps) == list(range(50, 1501, 50)), steps  # every logged step once
