@@ -488,11 +488,12 @@ def sweep_objective(cfg):
     """sweep.objective: figures every run writes (a sampling sweeper reads them), one or a list of them."""
     objective = cfg.sweep.objective
     names = list(objective) if isinstance(objective, ListConfig) else [objective]
-    for name in names:
-        if not names or not isinstance(name, str) or not (name.startswith("eval/") or name in SUMMARY_FIGURES):
+    for name in names or [None]:  # an empty list names no figure either
+        if not isinstance(name, str) or not (name.startswith("eval/") or name in SUMMARY_FIGURES):
             raise ConfigError(
                 f"sweep.objective={OmegaConf.to_container(objective) if isinstance(objective, ListConfig) else objective!r}: "
-                f"{name!r} is not a figure a run reports. Give eval/<metric> (eval/loss, eval/accuracy, or one of "
+                f"{'an empty list' if name is None else repr(name)} is not a figure a run reports. Give eval/<metric> "
+                "(eval/loss, eval/accuracy, or one of "
                 f"train.metrics), or one of {', '.join(SUMMARY_FIGURES)}; a list of them searches for their Pareto front."
             )
 

@@ -543,3 +543,12 @@ def test_accumulation_with_fit_under_central_storage_is_refused_and_the_custom_l
         check_config(composed(*base, "executor=fit"))
     check_config(composed(*base, "executor=custom_loop"))
     check_config(composed("strategy=central_storage", "devices.logical_cpus=2", "executor=fit"))
+
+
+@pytest.mark.parametrize("value", ["accuracy", "[]", "[eval/loss,examples_per_sec]"])
+def test_a_sweep_objective_no_run_reports_is_refused(value):
+    from runner.config import validate
+
+    with pytest.raises(ConfigError, match=r"^sweep.objective=.* is not a figure a run reports"):
+        validate.sweep_objective(composed(f"sweep.objective={value}"))
+    validate.sweep_objective(composed("sweep.objective=[eval/loss,summary/examples_per_sec]"))
