@@ -134,13 +134,6 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
     return summary
 
 
-def _first(objective) -> str:
-    """sweep.objective's first figure (a list's: the one a pruner watches)."""
-    from omegaconf import OmegaConf
-
-    return str(objective[0]) if OmegaConf.is_list(objective) else str(objective)
-
-
 def _loss_for(model, cfg, arrays, run):
     """train.loss for this model: checked against the data first (its input, its output width), then told whether
     the model outputs probabilities (a softmax or sigmoid last layer: from_logits=False) or logits."""
@@ -176,6 +169,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.executors.checkpoints import Checkpoints
     from runner.executors.early_stopping import watch_for
     from runner.executors.profiling import Profile
+    from runner.sweeps.search import objectives
 
     waiting = cluster.resolver is not None and cfg.cluster.name != "tpu"  # peers to wait for
     joining = sentinel.deadline(cfg.cluster.start_timeout_sec, f"{cluster.task}: joining the cluster")
@@ -271,7 +265,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         schedule=scheduled(cfg.train.optimizer, total_steps, keras),
         watch=watch_for(cfg.train, cfg.checkpoint, checkpoints.directory if checkpoints else None, saves, loss),
         # a trial of a pruning search, in one process (a cluster's workers would all need the verdict at once)
-        trial=TrialReport.from_env(cfg.output_dir, _first(cfg.sweep.objective)) if cluster.task_type is None else None,
+        trial=TrialReport.from_env(cfg.output_dir, objectives(cfg)[0]) if cluster.task_type is None else None,
         restore_best=cfg.checkpoint.restore_best,
     )
     phases.mark("build")  # strategy, data, model
