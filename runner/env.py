@@ -12,6 +12,7 @@ MIN_ARENAS = 128  # above the threads of the runner's largest training process o
 
 def prepare() -> None:
     spread_malloc_arenas()
+    pin_cpus()
     # Keras 3 lacks ParameterServerStrategy support and breaks on uneven replica batches;
     # tf_keras (Keras 2) is the supported path, and this is read at the first tf.keras access.
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -28,6 +29,18 @@ def prepare() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     # MLflow prints the run's URL, credentials included, when a run ends; the runner logs a redacted link itself.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def pin_cpus() -> None:
+    """A job of a sweep with sweep.parallel > 1 keeps to its share of the CPUs (RUNNER_CPUS, set by the sweep): pinned
+    here, before TensorFlow starts a thread (its threads, and the processes this one starts, inherit it; TensorFlow
+    sizes its thread pools by it)."""
+    cpus = os.environ.get("RUNNER_CPUS")  # runner.control.contract.CPUS (not imported here: env comes first)
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        except (ValueError, OSError):  # CPUs this process may not use: it runs on those it has
+            pass
 
 
 def glibc() -> bool:

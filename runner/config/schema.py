@@ -181,6 +181,9 @@ class SweepConfig:
     # peer, a signal: killed, out of memory, preempted) runs again from its checkpoint up to `retries` times
     on_failure: str = choice(OnFailure, "continue")
     retries: int = ranged(0, ge=0)
+    # how many jobs run side by side (Hydra's basic launcher): the next starts the moment one ends, and each keeps to
+    # its own share of the CPUs (and GPUs); no more than there are CPUs
+    parallel: int = ranged(1, ge=1)
 
 
 @dataclass

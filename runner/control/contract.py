@@ -52,6 +52,7 @@ SWEEP_SIZE = "RUNNER_SWEEP_SIZE"
 SPARE = "RUNNER_SPARE"
 SPARE_FILE = "RUNNER_SPARE_FILE"
 MLFLOW_SERVER = "RUNNER_MLFLOW_SERVER"
+CPUS = "RUNNER_CPUS"  # sweep.parallel: the CPUs a job keeps to (runner.env.prepare pins them before any thread starts)
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 
 

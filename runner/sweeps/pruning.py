@@ -37,53 +37,65 @@ def pruner_of(name: str | None, objectives: list[str]):
 
 
 class Watcher:
-    """While a batch of trials runs: their evaluations in, their verdicts out (`pruned`: number -> step)."""
+    """While the search runs: the running trials' evaluations in, their verdicts out (`pruned`: number -> step)."""
 
-    def __init__(self, trials_dirs: dict):
-        self.trials = trials_dirs  # number -> (optuna Trial, job directory)
+    def __init__(self):
+        self.trials: dict[int, tuple] = {}  # number -> (optuna Trial, job directory), while it runs
         self.pruned: dict[int, int] = {}
-        self._read = {n: 0 for n in trials_dirs}
+        self._read: dict[int, int] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sweep-pruning", daemon=True)
 
     def __enter__(self):
-        for _, job_dir in self.trials.values():  # an earlier attempt's files: read again from the start
-            for name in (EVALUATIONS, VERDICT):
-                try:
-                    os.remove(os.path.join(job_dir, name))
-                except OSError:
-                    pass
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=10)
-        self._poll()  # an evaluation written just before the job ended
+
+    def add(self, number: int, trial, job_dir: str) -> None:
+        """A trial about to start: an earlier attempt's files are dropped (read again from the start)."""
+        for name in (EVALUATIONS, VERDICT):
+            try:
+                os.remove(os.path.join(job_dir, name))
+            except OSError:
+                pass
+        with self._lock:
+            self.trials[number], self._read[number] = (trial, job_dir), 0
+
+    def done(self, number: int) -> int | None:
+        """The trial ended: its last evaluations read (one written just before it ended); the step it was pruned at."""
+        with self._lock:
+            if number in self.trials:
+                self._poll_one(number, *self.trials.pop(number))
+        return self.pruned.get(number)
 
     def _loop(self):
         while not self._stop.wait(POLL_SEC):
-            self._poll()
+            with self._lock:
+                for number, (trial, job_dir) in list(self.trials.items()):
+                    self._poll_one(number, trial, job_dir)
 
-    def _poll(self):
-        for number, (trial, job_dir) in self.trials.items():
-            path = os.path.join(job_dir, EVALUATIONS)
+    def _poll_one(self, number: int, trial, job_dir: str) -> None:
+        path = os.path.join(job_dir, EVALUATIONS)
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return
+        for line in lines[self._read[number] :]:
             try:
-                with open(path) as f:
-                    lines = f.read().splitlines()
-            except OSError:
-                continue
-            for line in lines[self._read[number] :]:
-                try:
-                    evaluation = json.loads(line)
-                except ValueError:  # written half: read again at the next poll
-                    break
-                self._read[number] += 1
-                step = int(evaluation["step"])
-                trial.report(float(evaluation["value"]), step)
-                prune = number not in self.pruned and bool(trial.should_prune())
-                if prune:
-                    self.pruned[number] = step
-                with open(os.path.join(job_dir, VERDICT + ".tmp"), "w") as f:
-                    json.dump({"step": step, "prune": prune}, f)
-                os.replace(os.path.join(job_dir, VERDICT + ".tmp"), os.path.join(job_dir, VERDICT))
+                evaluation = json.loads(line)
+            except ValueError:  # written half: read again at the next poll
+                break
+            self._read[number] += 1
+            step = int(evaluation["step"])
+            trial.report(float(evaluation["value"]), step)
+            prune = number not in self.pruned and bool(trial.should_prune())
+            if prune:
+                self.pruned[number] = step
+            with open(os.path.join(job_dir, VERDICT + ".tmp"), "w") as f:
+                json.dump({"step": step, "prune": prune}, f)
+            os.replace(os.path.join(job_dir, VERDICT + ".tmp"), os.path.join(job_dir, VERDICT))

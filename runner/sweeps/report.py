@@ -223,6 +223,19 @@ def _tag_best(client, parent_id: str, runs, objective: str) -> None:
     print(f"best: job #{best.data.tags.get('sweep.job_num', '?')} ({best.info.run_name}), {objective}={value:.6g}")
 
 
+def _tag_fastest(client, parent_id: str, runs) -> None:
+    """The finished job of the highest summary/examples_per_sec: what a strategy sweep asks."""
+    timed = [r for r in runs if r.info.status == "FINISHED" and "summary/examples_per_sec" in r.data.metrics]
+    if len(timed) < 2:
+        return
+    fastest = max(timed, key=lambda r: r.data.metrics["summary/examples_per_sec"])
+    speed = fastest.data.metrics["summary/examples_per_sec"]
+    for name, tag in (("sweep.fastest_run_id", fastest.info.run_id), ("sweep.fastest_examples_per_sec", f"{speed:.6g}")):
+        client.set_tag(parent_id, name, tag)
+    client.set_tag(parent_id, "sweep.fastest_job", fastest.data.tags.get("sweep.job_num", ""))
+    print(f"fastest: job #{fastest.data.tags.get('sweep.job_num', '?')} ({fastest.info.run_name}), {speed:,.0f} examples/s")
+
+
 def write_report(
     uri: str, parent_id: str, sweep_dir: str, objective: str | None = None, direction: str | None = None
 ) -> list[str]:
@@ -249,6 +262,7 @@ def write_report(
     if objective:
         runs, rows = ranked(runs, rows, objective, direction or "minimize")
         _tag_best(client, parent_id, runs, objective)
+    _tag_fastest(client, parent_id, runs)
     plotted = rows
     extra = [_job_row(s, swept) for s in runless]  # ranked: after the jobs with an objective (they have none)
     rows = rows + extra if objective else sorted(rows + extra, key=lambda r: r["job"])
@@ -269,6 +283,8 @@ def write_report(
         f.write(markdown(rows, swept))
     files = [os.path.join(sweep_dir, "report.csv"), os.path.join(sweep_dir, "report.md")]
     files += plots(client, runs, plotted, sweep_dir)
+    files += sorted(glob.glob(os.path.join(sweep_dir, "optuna_*.png")))  # the search's own (runner.sweeps.search)
+    files += [p for p in [os.path.join(sweep_dir, "importances.json")] if os.path.exists(p)]
     for path in files:
         client.log_artifact(parent_id, path, "report")
     print("\n" + table_text(rows, swept) + "\n")

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from runner.config import layout, validate
 from runner.control import contract
 from runner.errors import ConfigError
-from runner.sweeps import failures, pruning, search_space
+from runner.sweeps import failures, parallel, pruning, search_plots, search_space
 from runner.sweeps.search_config import STATE_DIR, STUDY_FILE, SWEEPER_TARGET
 
 log = logging.getLogger("runner")
@@ -150,6 +150,28 @@ def _values(sweep_dir: str, number: int, returned, count: int) -> list[float] | 
     return values if len(values) == count and all(math.isfinite(v) for v in values) else None
 
 
+def _tell(study, running: dict, watcher, sweep_dir: str, count: int, slots) -> None:
+    """The trials of `running` that have ended told to the study (waiting for the first, with slots), and dropped."""
+    from concurrent.futures import Future
+
+    from optuna.trial import TrialState
+
+    futures = {r: n for n, (_, r) in running.items() if isinstance(r, Future)}
+    ended = {futures[f] for f in slots.wait_any(futures)} if futures else set(running)
+    for number in sorted(ended):
+        trial, returned = running.pop(number)
+        pruned = watcher.done(number)
+        if isinstance(returned, Future):  # a job whose work raised (its error is in the sweep's log) has no value
+            returned = None if returned.exception() is not None else returned.result()
+        values = _values(sweep_dir, number, returned, count)
+        if pruned is not None and values is not None:  # ended cleanly at the step it was pruned
+            study.tell(number, state=TrialState.PRUNED)
+        elif values is None:
+            study.tell(number, state=TrialState.FAIL)
+        else:
+            study.tell(number, values if len(values) > 1 else values[0])
+
+
 def _write_results(study, sweep_dir: str, names: list[str]) -> None:
     """optimization_results.yaml, as Hydra's Optuna sweeper wrote it: the best trial, or the Pareto front."""
     from optuna.trial import TrialState
@@ -201,27 +223,36 @@ def run_search(conf: dict, config, launcher, arguments: list[str]) -> None:
     os.environ[contract.SWEEP_SIZE] = str(finished + len(again) + max(0, left))  # the jobs' "n of N"
     if pruner is not None:
         os.environ[contract.PRUNE] = "1"  # the jobs evaluate after each epoch and report here (runner.sweeps.pruning)
-    subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
-    batch = max(1, int(conf.get("n_jobs", 1)))
-    while (again or left > 0) and failures.stopped_by(os.path.join(sweep_dir, STATE_DIR)) is None:
-        if again:  # one at a time: their numbers need not follow each other
-            trials = [again.pop(0)]
-            overrides = [_again(trials[0], space, sweep_dir, str(subdir))]
-        else:
-            trials = [study.ask(space.distributions) for _ in range(min(batch, left))]
-            overrides = [space.overrides(t.params) for t in trials]
-            for trial, given in zip(trials, overrides):
-                trial.set_user_attr("overrides", given)
-            left -= len(trials)
-        asked = {t.number: (t, _job_dir(sweep_dir, str(subdir), t.number)) for t in trials if hasattr(t, "report")}
-        with pruning.Watcher(asked if pruner is not None else {}) as watcher:
-            returns = launcher.launch(overrides, initial_job_idx=trials[0].number)
-        for trial, ret in zip(trials, returns):
-            values = _values(sweep_dir, trial.number, _returned(ret), len(names))
-            if trial.number in watcher.pruned and values is not None:  # ended cleanly at the step it was pruned
-                study.tell(trial.number, state=TrialState.PRUNED)
-            elif values is None:
-                study.tell(trial.number, state=TrialState.FAIL)
+    subdir = str(OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"])
+    slots = parallel.current()  # sweep.parallel: one trial per free slot, told as each ends (no batch)
+    width = len(slots) if slots is not None else max(1, int(conf.get("n_jobs", 1)))
+    running: dict = {}  # trial number -> (trial, what its job returned: its value, or a Future of it)
+    stopped = lambda: failures.stopped_by(os.path.join(sweep_dir, STATE_DIR)) is not None  # noqa: E731
+    with pruning.Watcher() as watcher:
+        while True:
+            free = len(running) < width if slots is not None else not running
+            if again and free and not stopped():  # one per launch: their numbers need not follow each other
+                trials = [again.pop(0)]
+                overrides = [_again(trials[0], space, sweep_dir, subdir)]
+            elif left > 0 and not again and len(running) < width and not stopped():
+                asked = 1 if slots is not None else min(width - len(running), left)  # a slot each, asked as each frees
+                trials = [study.ask(space.distributions) for _ in range(asked)]
+                overrides = [space.overrides(t.params) for t in trials]
+                for trial, given in zip(trials, overrides):
+                    trial.set_user_attr("overrides", given)
+                left -= len(trials)
+            elif running:
+                _tell(study, running, watcher, sweep_dir, len(names), slots)
+                continue
             else:
-                study.tell(trial.number, values if len(values) > 1 else values[0])
+                break
+            if pruner is not None:
+                for trial in trials:
+                    if hasattr(trial, "report"):  # asked here (a continued trial is a FrozenTrial: told, not pruned)
+                        watcher.add(trial.number, trial, _job_dir(sweep_dir, subdir, trial.number))
+            returns = launcher.launch(overrides, initial_job_idx=trials[0].number)
+            running |= {trial.number: (trial, _returned(ret)) for trial, ret in zip(trials, returns)}
+            if slots is None:  # the launcher's batch has ended
+                _tell(study, running, watcher, sweep_dir, len(names), slots)
     _write_results(study, sweep_dir, names)
+    search_plots.write(study, sweep_dir, names)

@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -24,7 +25,7 @@ from runner.config import layout
 from runner.config.redact import error_line, redact, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
-from runner.sweeps import failures, slurm
+from runner.sweeps import failures, parallel, slurm
 from runner.sweeps.run_names import job_run_name, swept_keys
 from runner.sweeps.search import continues_study, objectives
 from runner.sweeps.search_config import STATE_DIR, SWEEPER_TARGET  # STATE_DIR: in the sweep directory, how each job ended
@@ -45,6 +46,7 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 # after another in this process (SweepCallback sets it; Hydra calls run_sweep_job with nothing but the job's config).
 _spares: Spares | None = None
 _server: MlflowServer | None = None
+_live: set = set()  # the jobs' processes while they run (sweep.parallel: a stop is passed on to each)
 
 
 class _NoPerJobLine(logging.Filter):
@@ -142,8 +144,7 @@ def run_sweep_job(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
-    job_dir, sweep_dir, num = hc.runtime.output_dir, hc.sweep.dir, hc.job.num
-    total = os.environ.get(contract.SWEEP_SIZE) or "?"  # set by SweepCallback in the sweep's process
+    num = hc.job.num
     # mlflow.tracking_uri travels in the environment (env below): on a command line `ps` shows its password
     overrides = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("mlflow.tracking_uri=")]
     label = f"#{num}"  # Hydra's job number, as in the sweep's subdirectories
@@ -155,15 +156,27 @@ def run_sweep_job(cfg: DictConfig) -> float:
             overrides = [*overrides, f"cluster.port_base={slurm.port_base(cfg.cluster.port_base, num)}"]
         except ConfigError as err:  # this job cannot start: it fails as a job with a bad config does
             problem = f"Error: {err}\n"
-    if not secondary:
-        log.info("job #%d (%d of %s): %s", num, num + 1, total, redact(" ".join(hc.overrides.task)) or "(defaults)")
     # the store through the environment, not the command line, where credentials would show in `ps`
     name = job_run_name(overrides, json.loads(os.environ.get(contract.SWEPT_KEYS) or "[]")) or f"job-{num}"
     env = contract.child_env(cfg_uri(cfg), **{contract.SWEEP_JOB: str(num), contract.RUN_NAME: name})  # + PARENT_RUN_FILE
-    # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
-    # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
-    # The job dies with this process, even on SIGKILL (Hydra's launchers call this task function from their main
-    # thread: the basic launcher's, or a joblib worker process's).
+    job = dict(cfg=cfg, hc=hc, overrides=overrides, env=env, label=label, secondary=secondary, problem=problem)
+    slots = parallel.current()
+    if slots is None or secondary:
+        return _job(**job, share={})
+    return slots.submit(lambda share: _job(**job, share=share), label)  # sweep.parallel: its value, a Future
+
+
+def _job(cfg, hc, overrides, env, label, secondary, problem, share):
+    """The job's process (again, for sweep.retries), its record in the sweep's state directory, its objective value.
+    The process dies with this thread's, even on SIGKILL: the launcher's main thread (the basic launcher's, or a joblib
+    worker process's), or a slot's thread of its own (sweep.parallel), which waits for it."""
+    job_dir, sweep_dir, num = hc.runtime.output_dir, hc.sweep.dir, hc.job.num
+    total = os.environ.get(contract.SWEEP_SIZE) or "?"  # set by SweepCallback (or the search) in the sweep's process
+    slots = parallel.current()
+    env, started = {**env, **share}, time.time()
+    if not secondary:
+        on = f" on CPU {share[contract.CPUS]}" if contract.CPUS in share else ""
+        log.info("job #%d (%d of %s)%s: %s", num, num + 1, total, on, redact(" ".join(hc.overrides.task)) or "(defaults)")
     first = failures.stopped_by(_state(sweep_dir, ""))
     if problem:
         sys.stdout.write(f"[{label}] {problem}")
@@ -177,11 +190,13 @@ def run_sweep_job(cfg: DictConfig) -> float:
             # this process only, which passes exactly one signal on, so the job checkpoints once instead of
             # taking a terminal's signal and a forwarded one as a second Ctrl-C.
             own_group = cfg.cluster.name != "slurm"
+            # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
+            # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
             argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
             more = not total.isdigit() or num + 1 < int(total)
             code, tail = _run_child(argv, env, label, own_group, spare_after=more)
             for attempt in range(1, cfg.sweep.retries + 1):
-                if not failures.is_fault(code):
+                if not failures.is_fault(code) or (slots is not None and slots.stopping):
                     break
                 resumable = os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE))
                 log.warning("job %s ended by a fault (exit code %d): attempt %d of sweep.retries=%d, %s", label, code,
@@ -189,10 +204,13 @@ def run_sweep_job(cfg: DictConfig) -> float:
                 again = [*argv, f"resume={job_dir}"] if resumable else argv
                 code, tail = _run_child(again, {**env, contract.RETRY: str(attempt)}, label, own_group)
         except SweepStopped as stop:
-            _stopped(cfg, stop, label)
+            _stopped(stop.signum, [label])
     if secondary:
         return math.nan  # Hydra's submitit launcher returns task 0's value
-    status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir}
+    if slots is not None and slots.stopping:  # stopped with the sweep (Ctrl-C, SIGTERM): the sweep says so
+        return None
+    status = {"num": num, "overrides": overrides, "returncode": code, "dir": job_dir, "started": started}
+    status |= {"ended": time.time(), **({"cpus": share[contract.CPUS]} if contract.CPUS in share else {})}
     if code is None:
         status["skipped"] = True
     elif code and cfg.sweep.on_failure == "stop":
@@ -236,6 +254,7 @@ def _run_child(
     proc = _spares.take(overrides, env) if _spares is not None and own_group else None
     if proc is None:
         proc = contract.start_child(contract.runner_command(overrides), env, process_group=0 if own_group else None)
+    _live.add(proc)
     ahead = _spares is not None
     tail: list[str] = []
 
@@ -253,6 +272,7 @@ def _run_child(
         for line in proc.stdout:
             show(line)
         code = proc.wait()
+        _live.discard(proc)
         if _spares is not None:
             _spares.resume()  # held by the job, which ended (failed, killed) before it let the spare go on
         return code, tail
@@ -285,17 +305,27 @@ def kill_parent_run(signum: int) -> None:
         log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
 
 
-def _stopped(cfg, stop: SweepStopped, label: str):
-    """The sweep stopped during job `label`: its parent run KILLED, one paragraph, exit 130 / 143."""
-    name = signal.Signals(stop.signum).name
-    kill_parent_run(stop.signum)
+def _stop_jobs(signum: int) -> None:
+    """A stop for the sweep passed on to each running job's process (each in its own group: the terminal's Ctrl-C
+    reached none of them)."""
+    for proc in list(_live):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+
+def _stopped(signum: int, labels: list[str]):
+    """The sweep stopped during the jobs `labels`: its parent run KILLED, one paragraph, exit 130 / 143."""
+    name = signal.Signals(signum).name
+    kill_parent_run(signum)
+    one = len(labels) == 1
+    during = f"job {labels[0]}, which" if one else f"jobs {', '.join(labels)}, which each"
     print(
-        f"Stopped: the sweep was stopped by {name} during job {label}, which checkpointed and ended its MLflow run "
-        "KILLED (continue it with the resume= it printed); the sweep's MLflow run is KILLED and the jobs after it did "
-        "not run.",
+        f"Stopped: the sweep was stopped by {name} during {during} checkpointed and ended its MLflow run "
+        f"KILLED (continue {'it' if one else 'each'} with the resume= it printed); the sweep's MLflow run is KILLED and "
+        f"the jobs after {'it' if one else 'them'} did not run.",
         file=sys.stderr,
     )
-    sys.exit(128 + stop.signum)
+    sys.exit(128 + signum)
 
 
 def _objective(metric: str, job_dir: str, label: str) -> float | None:
@@ -341,6 +371,8 @@ class SweepCallback(Callback):
             )
             sys.exit(2)
         try:  # a sweep directory another live sweep owns: its jobs would continue that sweep's runs
+            parallel.check(config.sweep.parallel, hc.launcher.get("_target_"), BASIC_LAUNCHER)
+            slots = parallel.start(config.sweep.parallel, _stop_jobs, _stopped) if config.sweep.parallel > 1 else None
             claims.claim(sweep_dir, "hydra.sweep.dir", what="sweep")
         except ConfigError as err:
             print(f"Error: {err}", file=sys.stderr)
@@ -369,12 +401,14 @@ class SweepCallback(Callback):
             keep=continues_study(config),
         )
         os.environ[contract.PARENT_RUN_FILE] = announced
-        log.info("sweep of %s jobs into %s", label, sweep_dir)
+        side = f", {len(slots)} side by side" if slots is not None else ""
+        log.info("sweep of %s jobs into %s%s", label, sweep_dir, side)
         global _spares, _server
         if hc.launcher.get("_target_") == BASIC_LAUNCHER and config.cluster.name != "slurm":
             if config.mlflow.enabled:
                 _server = MlflowServer(contract.child_env(uri))
                 os.environ[contract.MLFLOW_SERVER] = _server.path  # each job's MLflow process: forked, mlflow imported
+        if hc.launcher.get("_target_") == BASIC_LAUNCHER and config.cluster.name != "slurm" and slots is None:
             os.environ[contract.SPARE_FILE] = _state(sweep_dir, "spare.pid")  # the jobs hold the spare from it
             _spares = Spares(os.environ[contract.SPARE_FILE])
             _spares.start(contract.child_env(uri))  # the first job's
@@ -385,6 +419,8 @@ class SweepCallback(Callback):
         from runner.sweeps.report import write_report
 
         sweep_dir = config.hydra.sweep.dir
+        if parallel.current() is not None:  # sweep.parallel: the jobs still running
+            parallel.current().wait_all()
         parent = parent_run_id() or _ensure_parent(cfg_uri(config))  # none yet: no job logged a run
         if _spares is not None:
             _spares.drop()

@@ -450,6 +450,9 @@ def check_search(sweep_dir, parent, children):
     assert ranked == sorted(losses.values())
     optuna = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert optuna["best_value"] == pytest.approx(losses[best], rel=1e-6)  # what the job returned to Optuna
+    importances = json.loads((sweep_dir / "importances.json").read_text())["importances"]  # fANOVA, per searched key
+    assert set(importances) <= set(optuna["best_params"]) and abs(sum(importances.values()) - 1) < 1e-6
+    assert (sweep_dir / "optuna_history.png").exists() and (sweep_dir / "optuna_parallel_coordinate.png").exists()
 
 
 def check_sweep(scratch, args, result):
@@ -470,10 +473,16 @@ def check_sweep(scratch, args, result):
     search = "sweep.best_run_id" in parent.data.tags
     for name in ("report.csv", "report.md", "throughput.png", "loss_curves.png"):
         assert (sweep_dir / name).exists(), f"{name} missing in {sweep_dir}"
-    if any(a.startswith("hydra/launcher=joblib") for a in args):  # jobs in parallel processes, devices set per job
-        assert "Joblib.Parallel(n_jobs=" in proc.stdout + proc.stderr
+    if any(a.startswith("sweep.parallel=") for a in args):  # side by side, each on CPUs of its own, devices per job
+        records = [json.loads(p.read_text()) for p in sorted((sweep_dir / ".runner").glob("job-*.json"))]
+        assert records[1]["started"] < records[0]["ended"] and records[0]["started"] < records[1]["ended"], records
+        assert records[0]["cpus"] != records[1]["cpus"], records
+        assert "2 side by side" in proc.stdout + proc.stderr
         by_job = sorted(children, key=lambda c: int(c.data.tags["sweep.job_num"]))
         assert [c.data.tags["num_replicas_in_sync"] for c in by_job] == ["1", "2"]  # one_device, mirrored over 2
+    speeds = {c.data.tags["sweep.job_num"]: c.data.metrics["summary/examples_per_sec"] for c in children}
+    if len(speeds) > 1:  # the parent names its fastest job (a strategy sweep's answer)
+        assert parent.data.tags["sweep.fastest_job"] == max(speeds, key=speeds.get)
     if search:
         check_search(sweep_dir, parent, children)
     elif any(c.data.tags.get("num_replicas_in_sync") == "1" for c in children):  # a baseline to scale against

@@ -54,15 +54,17 @@ def family(runner, name):
 
 
 @pytest.mark.slow  # end to end: runs a sweep and stops it
-def test_ctrl_c_stops_a_sweep_its_job_checkpoints_and_both_runs_are_killed(runner):
-    """Ctrl-C at a terminal (SIGINT to the sweep's process group) while job #0 trains: the job gets it once,
-    checkpoints and ends its run KILLED; the sweep's run is KILLED too; exit 130, no traceback, no job after it."""
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_ctrl_c_stops_a_sweep_its_job_checkpoints_and_both_runs_are_killed(runner, parallel):
+    """Ctrl-C at a terminal (SIGINT to the sweep's process group) while job #0 trains (and #1 beside it, with
+    sweep.parallel=2): each running job gets it once, checkpoints and ends its run KILLED; the sweep's run is KILLED
+    too; exit 130, no traceback, no job after them."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    sweep_dir = runner.root / "sweeps" / "stopped"
+    sweep_dir = runner.root / "sweeps" / f"stopped-{parallel}"
     argv = [sys.executable, "-m", "runner", "-m", "data=ones", "train.epochs=300", "train.steps_per_epoch=50", "train.seed=1,2"]
     argv += [f"hydra.sweep.dir={sweep_dir}", f"mlflow.tracking_uri={runner.uri}", f"mlflow.experiment_name={EXPERIMENT}"]
     live = subprocess.Popen(
-        [*argv, "mlflow.run_name=stopped"],
+        [*argv, f"mlflow.run_name=stopped-{parallel}", f"sweep.parallel={parallel}"],
         cwd=runner.root,
         env=env,
         stdout=subprocess.PIPE,
@@ -70,20 +72,27 @@ def test_ctrl_c_stops_a_sweep_its_job_checkpoints_and_both_runs_are_killed(runne
         text=True,
         start_new_session=True,
     )
-    seen = []
+    seen, training = [], set()
     for line in live.stdout:
         seen.append(line)
         if "epoch 3/300" in line:
-            break
+            training.add(line[:4])
+            if len(training) == parallel:
+                break
     os.killpg(live.pid, signal.SIGINT)
     rest, _ = live.communicate(timeout=120)
     output = "".join(seen) + rest
     assert live.returncode == 130 and "Traceback" not in output, output[-3000:]
-    assert re.search(r"\[#0\] Stopped: training stopped by SIGINT at step \d+: checkpoint written", output), output[-3000:]
-    assert "Stopped: the sweep was stopped by SIGINT during job #0" in output and "job #1" not in output
-    _, parent, children = family(runner, "stopped")
-    assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"]
-    assert any((sweep_dir / "0" / "checkpoints").glob("ckpt-*.index"))
+    jobs = [f"#{n}" for n in range(parallel)]
+    for job in jobs:
+        stopped = rf"\[{job}\] Stopped: training stopped by SIGINT at step \d+: checkpoint written"
+        assert re.search(stopped, output), output[-3000:]
+        assert any((sweep_dir / job[1:] / "checkpoints").glob("ckpt-*.index"))
+    during = "job #0, which" if parallel == 1 else "jobs #0, #1, which each"
+    assert f"Stopped: the sweep was stopped by SIGINT during {during} checkpointed" in output
+    assert parallel == 2 or "job #1" not in output
+    _, parent, children = family(runner, f"stopped-{parallel}")
+    assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"] * parallel
 
 
 @pytest.mark.slow  # end to end: runs sweeps of `python -m runner` jobs

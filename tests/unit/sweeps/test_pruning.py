@@ -29,7 +29,8 @@ def test_a_trial_behind_the_median_is_pruned_at_that_step_and_the_others_go_on(t
     monkeypatch.setenv(contract.SWEEP_JOB, "2")
     report = TrialReport.from_env(str(job_dir), "eval/loss")
     verdicts = []
-    with Watcher({trial.number: (trial, str(job_dir))}) as watcher:
+    with Watcher() as watcher:
+        watcher.add(trial.number, trial, str(job_dir))
 
         def train():  # the training process: an evaluation per epoch until the sweep says stop
             for step, loss in ((10, 0.9), (20, 0.95)):
@@ -40,6 +41,7 @@ def test_a_trial_behind_the_median_is_pruned_at_that_step_and_the_others_go_on(t
         thread = threading.Thread(target=train)
         thread.start()
         thread.join(timeout=30)
+        assert watcher.done(trial.number) == 20 and watcher.trials == {}
     assert verdicts == [False, True] and report.pruned_at == 20 and watcher.pruned == {trial.number: 20}
     assert dict(study.trials[-1].intermediate_values) == {10: 0.9, 20: 0.95}
 
