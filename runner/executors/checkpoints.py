@@ -26,6 +26,12 @@ _SHAPES = re.compile(
     re.M,
 )
 
+# A variable as assert_existing_objects_matched lists it: Keras 3's `<Variable path=..., shape=...` or tf_keras's
+# `<tf.Variable 'name:0' shape=...`
+_VARIABLES = re.compile(r"<(?:tf\.)?Variable (?:path=|')([^,']+?)(?::\d+)?'?,? shape=(\([^)]*\))")
+
+_OTHER_SHAPE = "a model of another shape"
+
 
 class Checkpoints:
     def __init__(
@@ -97,12 +103,13 @@ class Checkpoints:
         damaged = []
         for prefix in candidates:
             try:
-                self._ckpt.restore(prefix).expect_partial()
+                status = self._ckpt.restore(prefix).expect_partial()
             except Exception as err:  # truncated or corrupt files: DataLossError, IndexError, ValueError...
                 if _readable(prefix):  # intact files that do not fit this model: moving them out would lose them
-                    raise self._other_model(prefix, err) from err
+                    raise self._other_model(prefix, _mismatch(err)) from err
                 damaged.append(f"{os.path.basename(prefix)} ({type(err).__name__}: {str(err).strip()[:150]})")
                 continue
+            self._all_restored(status, prefix)
             if damaged or indexed is None or os.path.abspath(indexed) != os.path.abspath(prefix):
                 if damaged:
                     log.warning(
@@ -118,22 +125,38 @@ class Checkpoints:
             "that directory (or the whole directory, to train from step 0), then run again."
         )
 
-    def _other_model(self, prefix: str, err: Exception) -> ConfigError:
-        said = str(err).strip()
-        shapes = _SHAPES.search(said)
-        what = (
-            f"its variable {shapes['name']} has shape {shapes['saved']} there and {shapes['model']} in the model this run builds"
-            if shapes
-            else f"TensorFlow says: {said[:200]} ({type(err).__name__})"
-        )
+    def _all_restored(self, status, prefix: str) -> None:
+        """Every variable of the model, the optimizer and the step got its value from the checkpoint; otherwise a
+        ConfigError naming those that did not: a partial restore would train from fresh weights while saying it
+        resumed (a model of the other Keras, Keras 3 or tf_keras, tracks the same layers under other names)."""
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as err:
+            said = str(err)
+            count = re.search(r"Found (\d+) Python objects", said)
+            names = [f"{n} {shape}" for n, shape in _VARIABLES.findall(said)]  # never their values
+            listed = f" ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})" if names else ""
+            what = f"{count[1] if count else 'some'} of this run's variables get no value from it{listed}, so training "
+            what += "would start from fresh weights"
+            wrote = "a model of the other Keras (Keras 3 and tf_keras name the same layers differently) or of another structure"
+            raise self._other_model(prefix, what, wrote) from None
+
+    def _other_model(self, prefix: str, what: str, wrote: str = _OTHER_SHAPE) -> ConfigError:
         run_dir = self.run_dir or "<dir>"
         return ConfigError(
-            f"the checkpoints in {self.directory} are intact, but a model of another shape wrote them "
+            f"the checkpoints in {self.directory} are intact, but {wrote} wrote them "
             f"({os.path.basename(prefix)}: {what}"
             + (f"; this run's model: {self.model_keys}" if self.model_keys else "")
-            + "). Keep them. Resuming needs the model config the run was started with: leave the model keys (model=, "
-            f"model.*) out, since resume={run_dir} alone brings back the first run's overrides, or give them as it had "
-            "them (its MLflow run's model.* params). To train a model of another shape, start a new run: leave resume= out."
+            + (
+                "). Keep them. Resuming needs the model config the run was started with: leave the model keys (model=, "
+                f"model.*) out, since resume={run_dir} alone brings back the first run's overrides, or give them as it "
+                "had them (its MLflow run's model.* params). To train a model of another shape, start a new run: leave "
+                "resume= out."
+                if wrote == _OTHER_SHAPE
+                else f"). Keep them. Resuming needs the model that wrote them: the same model code (model._target_) and "
+                f"config (resume={run_dir} alone brings back the first run's overrides). To train this model, start a new "
+                "run: leave resume= out."
+            )
         )
 
     def _point_index_at(self, good: str, candidates: list[str]) -> None:
@@ -206,8 +229,19 @@ class Checkpoints:
         path = tf.train.latest_checkpoint(os.path.join(self.directory, "best"))
         if path is None:
             return None
-        self._ckpt.restore(path).expect_partial()
+        self._all_restored(self._ckpt.restore(path).expect_partial(), path)
         return int(self.step.numpy())
+
+
+def _mismatch(err: Exception) -> str:
+    """What TensorFlow said of a checkpoint that does not fit: the variable and both shapes, when it said them."""
+    said = str(err).strip()
+    shapes = _SHAPES.search(said)
+    if shapes:
+        return (
+            f"its variable {shapes['name']} has shape {shapes['saved']} there and {shapes['model']} in the model this run builds"
+        )
+    return f"TensorFlow says: {said[:200]} ({type(err).__name__})"
 
 
 def _readable(prefix: str) -> bool:

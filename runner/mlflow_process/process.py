@@ -147,14 +147,17 @@ class Calls:
         from runner.mlflow_process import store
         from runner.tracking.run import flatten
 
-        client, logged_through, previous = self.client, None, None
+        client, logged_through, previous, put_back = self.client, None, None, {}
         if attached or resumed:
             if resumed and outbox.exists(cfg.output_dir):
                 delivery.deliver_outbox(client, cfg.output_dir)
             run = client.get_run(attached or resumed)
             if resumed:
                 store.take_over(client, run, cfg.train.epochs, cfg.output_dir, self.owner_pid, explicit=bool(cfg.get("resume")))
-                previous = client.get_run(resumed).info.status  # what a refusal before any step gives back
+                before = client.get_run(resumed)
+                previous = before.info.status  # what a refusal before any step gives back, with the epochs it trained
+                trained = before.data.tags.get(store.EPOCHS_TAG) or before.data.params.get("train.epochs")
+                put_back = {store.EPOCHS_TAG: trained} if trained else {}
                 client.update_run(resumed, status="RUNNING")
                 client.set_tag(resumed, "resumed_with", redact(" ".join(overrides)))
                 if "sweep.retry" in tags:  # a sweep's job run again after a fault (sweep.retries)
@@ -209,6 +212,7 @@ class Calls:
             "logged_through": logged_through,
             "experiment_id": run.info.experiment_id,
             "previous_status": previous if resumed else None,
+            "put_back": put_back,  # the tags this attempt changes (store.started), as they were: for a refusal
         }
 
 

@@ -238,7 +238,7 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
             # A continued run refused before any step (another model, a bad value): it stays as it was (FINISHED,
             # KILLED), with the refusal as a tag, not an error of the run.
             status = runlog.previous_status
-            runlog.set_tags({"resume_refused": redact(str(err))[:5000]})
+            runlog.set_tags({**runlog.put_back, "resume_refused": redact(str(err))[:5000]})
             raise
         if elastic_task:  # the launcher decides whether the run failed; it keeps the error of its last generation
             runlog.set_tags({"elastic.last_task_error": f"{type(err).__name__}: {err}"})
@@ -366,4 +366,5 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, e
         logged_through=_logged_through(started["logged_through"], attached),
         experiment_id=started.get("experiment_id"),
         previous_status=started.get("previous_status"),
+        put_back=started.get("put_back"),
     )

@@ -40,9 +40,11 @@ class RunLog:
         logged_through: int | None = None,
         experiment_id: str | None = None,
         previous_status: str | None = None,
+        put_back: dict | None = None,
     ):
         self._client, self.run_id, self.tracking_uri, self.experiment_id = client, run_id, uri, experiment_id
         self.previous_status = previous_status  # a continued run's status before this attempt (None: a new run)
+        self.put_back = put_back or {}  # and the tags this attempt changed, as they were (a refusal restores them)
         self.deleted = False  # close(DELETED) deleted it
         self.owner = owner  # False when attached to the launcher's run: the launcher ends it
         self.flush_every, self.delivery_timeout, self.outbox_dir = flush_every, delivery_timeout, outbox_dir

@@ -57,3 +57,28 @@ def test_checkpoints_that_cannot_be_read_are_called_damaged(tmp_path):
             f.truncate(data.stat().st_size // 2)
     with pytest.raises(ConfigError, match=r"no checkpoint in .* can be read: ckpt-2 \(IndexError.*Move the damaged ckpt-\*"):
         _checkpoints(tmp_path, [8]).restore()
+
+
+def test_a_checkpoint_that_restores_only_part_of_the_model_is_refused(tmp_path):
+    """The same architecture in Keras 3 tracks its layers under other names: TensorFlow restores nothing into it and
+    says nothing. The runner refuses, naming the variables left without a value (never their values)."""
+    import keras
+    import tensorflow as tf
+
+    from runner.executors.checkpoints import Checkpoints
+
+    first = _checkpoints(tmp_path, [8])
+    first.save(2)
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    before = [v.numpy().copy() for v in model.weights]
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    with pytest.raises(ConfigError) as refused:
+        Checkpoints(str(tmp_path), True, 3, model, optimizer).restore()
+    message = str(refused.value)
+    assert f"the checkpoints in {tmp_path} are intact, but a model of the other Keras" in message
+    assert "of this run's variables get no value from it (" in message and "so training would start from fresh" in message
+    assert "dense" in message and "value=" not in message and "numpy=" not in message and "\n" not in message
+    assert all((a == v.numpy()).all() for a, v in zip(before, model.weights))  # nothing half-restored went on training
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")  # kept
+    assert _checkpoints(tmp_path, [8]).restore() == 2  # the model that wrote it resumes from it

@@ -132,6 +132,7 @@ def test_a_continued_run_refused_before_its_first_step_is_never_deleted(sqlite_u
     (only,) = _runs(sqlite_uri)
     assert only.info.run_id == first.run_id and only.info.status == "FINISHED" and only.info.lifecycle_stage == "active"
     assert "resume_refused" in only.data.tags and not hasattr(err, "run_deleted")
+    assert only.data.tags["runner.train.epochs"] == "1"  # what it trained: a resume with train.epochs=2 is not refused
     assert (tmp_path / "run" / "mlflow_run_id").read_text() == first.run_id
 
 
