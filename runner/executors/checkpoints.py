@@ -57,6 +57,8 @@ class Checkpoints:
         self._scratch = None if is_chief else tempfile.mkdtemp(prefix="runner-ckpt-")
         if self._scratch:  # removed when this object goes or the process exits (tasks of a cluster exit normally)
             weakref.finalize(self, shutil.rmtree, self._scratch, True)
+        # the manager reads the index first: one it cannot parse would end in a traceback
+        self._index_set_aside = not self._scratch and _set_aside_damaged_index(directory)
         self.manager = tf.train.CheckpointManager(self._ckpt, self._scratch or directory, max_to_keep=max_to_keep)
         self._best = None
 
@@ -94,7 +96,7 @@ class Checkpoints:
         if not candidates:
             return 0
         indexed = self._indexed()
-        if indexed is None or os.path.abspath(indexed) != os.path.abspath(candidates[0]):
+        if not self._index_set_aside and (indexed is None or os.path.abspath(indexed) != os.path.abspath(candidates[0])):
             log.warning(
                 "the checkpoint index %s is damaged or missing, or does not name the newest checkpoint; using the "
                 "checkpoint files in the directory instead",
@@ -231,6 +233,30 @@ class Checkpoints:
             return None
         self._all_restored(self._ckpt.restore(path).expect_partial(), path)
         return int(self.step.numpy())
+
+
+def _set_aside_damaged_index(directory: str) -> bool:
+    """A `checkpoint` index TensorFlow cannot parse (binary garbage, a file cut short) is moved to checkpoint.damaged,
+    kept for whoever wants it; restore() then finds the checkpoints by their files and writes a good index."""
+    import tensorflow as tf
+
+    path = os.path.join(directory, "checkpoint")
+    if not os.path.isfile(path):
+        return False
+    try:
+        tf.train.get_checkpoint_state(directory)
+        return False
+    except Exception as err:  # UnicodeDecodeError, text_format.ParseError...
+        said = f"{type(err).__name__}: {str(err).strip()[:120]}"
+    try:
+        os.replace(path, path + ".damaged")
+    except OSError as err:
+        raise ConfigError(
+            f"the checkpoint index {path} cannot be read ({said}) and could not be moved aside ({err.strerror}). "
+            "Move or delete that file (the ckpt-* files beside it are what resume reads), then run again."
+        ) from None
+    log.warning("the checkpoint index %s cannot be read (%s): moved to checkpoint.damaged; the files decide", path, said)
+    return True
 
 
 def _mismatch(err: Exception) -> str:

@@ -82,3 +82,15 @@ def test_a_checkpoint_that_restores_only_part_of_the_model_is_refused(tmp_path):
     assert all((a == v.numpy()).all() for a, v in zip(before, model.weights))  # nothing half-restored went on training
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")  # kept
     assert _checkpoints(tmp_path, [8]).restore() == 2  # the model that wrote it resumes from it
+
+
+def test_a_checkpoint_index_of_garbage_is_set_aside_and_the_files_decide(tmp_path, caplog):
+    first = _checkpoints(tmp_path, [8])
+    first.save(2)
+    first.save(4)
+    garbage = bytes(range(128, 256)) * 3  # not UTF-8: TensorFlow's reader raised UnicodeDecodeError from the manager
+    (tmp_path / "checkpoint").write_bytes(garbage)
+    assert _checkpoints(tmp_path, [8]).restore() == 4
+    assert (tmp_path / "checkpoint.damaged").read_bytes() == garbage  # kept
+    assert "ckpt-4" in (tmp_path / "checkpoint").read_text()  # a good index again
+    assert "cannot be read (UnicodeDecodeError" in caplog.text
