@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from omegaconf import OmegaConf
 
+from runner.config import layout
 from runner.config.redact import redact, redact_mapping, redact_uri
 from runner.errors import ConfigError
 from runner.mlflow_process import delivery, sqlite_metrics
@@ -141,6 +142,22 @@ class Calls:
                 "trained. Check mlflow.tracking_uri / MLFLOW_TRACKING_URI, or set mlflow.enabled=false."
             ) from None
 
+    def _saved_run(self, attached, resumed, cfg):
+        """The run to attach to or continue; a resumed run the store does not hold is named as such."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(attached or resumed)
+        except MlflowException as err:
+            if attached or err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise ConfigError(
+                f"{os.path.join(str(cfg['output_dir']), layout.RUN_ID_FILE)} names MLflow run {resumed}, which the store "
+                f"at {redact_uri(self.uri)} does not hold. Give the store the run was logged to (mlflow.tracking_uri or "
+                "MLFLOW_TRACKING_URI, as the first run had it), or move that file away to continue the checkpoints in "
+                "a new MLflow run."
+            ) from None
+
     def _start(self, cfg, overrides, attached, resumed, parent, job, tags, job_name=None) -> dict:
         import mlflow
 
@@ -151,7 +168,7 @@ class Calls:
         if attached or resumed:
             if resumed and outbox.exists(cfg.output_dir):
                 delivery.deliver_outbox(client, cfg.output_dir)
-            run = client.get_run(attached or resumed)
+            run = self._saved_run(attached, resumed, cfg)
             if resumed:
                 store.take_over(client, run, cfg.train.epochs, cfg.output_dir, self.owner_pid, explicit=bool(cfg.get("resume")))
                 before = client.get_run(resumed)

@@ -10,6 +10,7 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -83,8 +84,21 @@ def task_overrides() -> list[str]:
 
 
 def _saved_run_id(output_dir: str | None) -> str | None:
+    """The MLflow run id saved beside a run's outputs, None when there is none; ConfigError naming the file when what
+    it holds is no run id (damaged)."""
     path = os.path.join(output_dir or "", layout.RUN_ID_FILE)
-    return open(path).read().strip() if output_dir and os.path.isfile(path) else None
+    if not (output_dir and os.path.isfile(path)):
+        return None
+    with open(path, "rb") as f:
+        held = f.read(200)
+    text = held.decode("ascii", errors="replace").strip()
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text):
+        raise ConfigError(
+            f"{path} holds no MLflow run id ({len(held)}{'+' if len(held) == 200 else ''} bytes, starting "
+            f"{held[:16]!r}): the file is damaged. Write the run's id into it (MLflow's UI shows it in the run's "
+            "overview), or move the file away to continue the checkpoints in a new MLflow run."
+        )
+    return text
 
 
 ENV_PREFIXES = ("TF_", "SLURM_", "CUDA_", "NCCL_", "MLFLOW_", "OMP_", "KMP_")  # what shapes a run, as env.* tags

@@ -147,3 +147,26 @@ def test_a_run_created_ahead_and_refused_before_training_took_it_is_deleted(sqli
     (gone,) = _all_runs(sqlite_uri)
     assert gone.info.lifecycle_stage == "deleted" and gone.info.status == "FAILED"
     assert err.run_deleted == gone.info.run_id and not run._early and not run._prestarted
+
+
+@pytest.mark.parametrize(
+    ("held", "says"),
+    [
+        (bytes(range(128, 168)), "holds no MLflow run id (40 bytes, starting b'\\x80"),
+        (b"deadbeefdeadbeefdeadbeefdeadbeef\n", "names MLflow run deadbeefdeadbeefdeadbeefdeadbeef, which the store at"),
+    ],
+    ids=["garbage", "unknown-run"],
+)
+def test_a_damaged_run_id_file_is_named_and_nothing_is_created(sqlite_uri, tmp_path, held, says):
+    from runner.errors import ConfigError
+    from runner.tracking import run
+
+    cfg = _cfg(sqlite_uri, tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "mlflow_run_id").write_bytes(held)
+    with pytest.raises(ConfigError) as refused:
+        with run.mlflow_run(cfg, ["resume=x"], {}):
+            pass
+    assert says in str(refused.value) and f"{tmp_path / 'run' / 'mlflow_run_id'}" in str(refused.value)
+    assert "move the file away" in str(refused.value) or "move that file away" in str(refused.value)
+    assert (tmp_path / "run" / "mlflow_run_id").read_bytes() == held and _runs(sqlite_uri) == []
