@@ -8,6 +8,8 @@ HYDRA_FULL_ERROR=1 still shows the trace.
 - A mistyped key (train.epoch=3, stratgy=mirrored) or option (strategy=mirored). Hydra's message runs over several
   lines and suggests nothing. It becomes one paragraph naming the closest real names (runner.config.validate builds it).
 - An override Hydra refuses quotes its value: a password in it (a URL given to the wrong key) is masked.
+- Hydra ends each of those paragraphs (its "compact" errors, which carry no trace to show) with "Set the environment
+  variable HYDRA_FULL_ERROR=1 for a complete stack trace.": dropped for them; other errors keep it.
 tests/unit/config/test_hydra_private.py fails loudly when a Hydra release moves any of these names. Until that test is fixed,
 install() leaves Hydra's own messages as they are.
 """
@@ -17,6 +19,7 @@ import os
 CONFIG_REPOSITORY = "hydra._internal.config_repository.ConfigRepository"  # .load_config(self, config_path)
 CONFIG_LOADER = "hydra._internal.config_loader_impl.ConfigLoaderImpl"  # .load_configuration, ._apply_overrides_to_config
 ARGS_PARSER = "hydra._internal.utils.get_args_parser"  # Hydra's argparse parser of its own flags
+RUN_AND_REPORT = "hydra._internal.utils.run_and_report"  # (func): prints an error escaping func, exits 1
 _MARK = "_runner_hook"
 
 
@@ -24,6 +27,7 @@ def install() -> None:
     """Both rewrites, once per process (idempotent)."""
     _yaml_errors_in_one_paragraph()
     _suggest_close_names()
+    _compact_errors_without_trailer()
 
 
 def redact_text(text: str) -> str:
@@ -131,6 +135,34 @@ def _suggest_close_names() -> None:
     setattr(load_configuration, _MARK, True)
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply_overrides)
     ConfigLoaderImpl.load_configuration = load_configuration
+
+
+def _compact_errors_without_trailer() -> None:
+    import sys
+
+    try:
+        from hydra._internal import utils
+        from hydra.errors import CompactHydraException
+        from omegaconf.errors import OmegaConfBaseException
+    except ImportError:
+        return
+    report = utils.run_and_report
+    if getattr(report, _MARK, False):
+        return
+
+    def run_and_report(func):
+        try:
+            return func()
+        except CompactHydraException as err:  # Hydra's own printing of these, without its last line
+            if os.environ.get("HYDRA_FULL_ERROR") == "1" or utils.is_under_debugger():
+                raise
+            sys.stderr.write(str(err) + os.linesep)
+            if isinstance(err.__cause__, OmegaConfBaseException):
+                sys.stderr.write(str(err.__cause__) + os.linesep)
+            sys.exit(1)
+
+    setattr(run_and_report, _MARK, True)
+    utils.run_and_report = run_and_report
 
 
 def hydra_args(argv):

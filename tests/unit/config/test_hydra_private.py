@@ -18,6 +18,7 @@ def test_the_private_names_exist_with_the_arguments_the_hooks_pass():
     assert list(inspect.signature(repository.load_config).parameters)[:2] == ["self", "config_path"]
     assert list(inspect.signature(loader._apply_overrides_to_config).parameters)[:2] == ["overrides", "cfg"]
     assert callable(loader.load_configuration)
+    assert list(inspect.signature(_resolve(hydra_private.RUN_AND_REPORT)).parameters) == ["func"]
     args, left = hydra_private.hydra_args(["-m", "--cfg", "job", "--resolve", "a=1", "-cd", "d", "b=2"])  # command_line reads
     assert args.overrides == ["a=1"] and args.config_dir == "d" and left == ["b=2"]
     assert _resolve(hydra_private.ARGS_PARSER) and args.multirun and args.cfg == "job" and args.resolve
@@ -29,5 +30,6 @@ def test_install_puts_each_hook_in_place_once():
     hydra_private.install()
     repository = _resolve(hydra_private.CONFIG_REPOSITORY)
     loader = _resolve(hydra_private.CONFIG_LOADER)
+    assert getattr(_resolve(hydra_private.RUN_AND_REPORT), hydra_private._MARK, False)
     for hooked in (repository.load_config, loader.load_configuration, loader._apply_overrides_to_config):
         assert getattr(hooked, hydra_private._MARK, False) or hooked.__qualname__.endswith("apply_overrides")
