@@ -233,7 +233,10 @@ def _tag_fastest(client, parent_id: str, runs) -> None:
     for name, tag in (("sweep.fastest_run_id", fastest.info.run_id), ("sweep.fastest_examples_per_sec", f"{speed:.6g}")):
         client.set_tag(parent_id, name, tag)
     client.set_tag(parent_id, "sweep.fastest_job", fastest.data.tags.get("sweep.job_num", ""))
-    print(f"fastest: job #{fastest.data.tags.get('sweep.job_num', '?')} ({fastest.info.run_name}), {speed:,.0f} examples/s")
+    how = {(r.data.params.get("strategy.name"), r.data.params.get("executor.name"), r.data.tags.get("num_replicas_in_sync"))
+           for r in timed}  # fmt: skip
+    if len(how) > 1:  # said where the jobs differ in how they train (a strategy sweep), not between seeds
+        print(f"fastest: job #{fastest.data.tags.get('sweep.job_num', '?')} ({fastest.info.run_name}), {speed:,.0f} examples/s")
 
 
 def write_report(
