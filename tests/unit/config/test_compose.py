@@ -57,7 +57,8 @@ def test_every_default_has_its_schema_type():
     assert isinstance(cfg.train.epochs, int) and isinstance(cfg.train.optimizer.learning_rate, float)
 
 
-def test_a_run_writes_to_a_dated_output_directory_unless_it_resumes():
+def test_a_run_writes_to_a_dated_output_directory_unless_it_resumes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # resolving them creates the directories (runner.fresh_dir): not in the checkout
     run = composed(hydra=True).hydra
     assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", run.run.dir), run.run.dir
     assert run.job.name == "runner" and run.job.chdir is False  # the log is <output_dir>/runner.log; cwd stays
