@@ -31,7 +31,7 @@ import sys  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
-from runner.config.command_line import command_problem, unreadable_override_problem  # noqa: E402
+from runner.config.command_line import command_problem, config_only, unreadable_override_problem  # noqa: E402
 from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
 
@@ -48,6 +48,10 @@ def cli() -> None:
     if problem:
         print(f"Error: {problem}", file=sys.stderr)
         sys.exit(2)
+    if config_only(argv):  # Hydra prints the config (or help): masked, as every log line and tag is
+        from runner.config.redact import RedactingStream
+
+        sys.stdout = RedactingStream(sys.stdout)
     logging.raiseExceptions = False  # stdout closed early (| head): a log line must not become a traceback
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt is handled below
     try:

@@ -61,6 +61,21 @@ def redact_mapping(items: dict[str, str]) -> dict[str, str]:
     return {k: MASK if is_secret_name(k.rsplit(".", 1)[-1]) else redact(v) for k, v in items.items()}
 
 
+class RedactingStream:
+    """sys.stdout while Hydra prints a config or help (--cfg job, --resolve, --help): each write masked as log lines
+    are, so a password in mlflow.tracking_uri or a secret resolved through ${oc.env:...} does not reach the screen."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class Redacting(logging.Filter):
     """On a log handler: every line it writes is redacted (a path or URI built from a secret can reach any message)."""
 

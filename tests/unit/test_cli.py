@@ -433,3 +433,24 @@ def test_an_unreadable_override_and_two_commands_exit_2_in_one_line(tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "    dir: outputs/" in done.stdout and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # end to end: `python -m runner --cfg job` twice, before TensorFlow
+def test_a_printed_config_masks_secrets_as_logs_do(tmp_path):
+    """--cfg job printed a password in mlflow.tracking_uri, and --resolve a secret read through ${oc.env:...}, in clear."""
+    env = {**os.environ, "MY_URI": "https://bob:s3cret@h2", "MLFLOW_TRACKING_PASSWORD": "pw-123456"}
+    for argv in (
+        ["--cfg", "job", "mlflow.tracking_uri=https://alice:hunter2@host/x"],
+        [
+            "--cfg",
+            "job",
+            "--resolve",
+            "mlflow.tracking_uri=${oc.env:MY_URI}",
+            "mlflow.run_name=${oc.env:MLFLOW_TRACKING_PASSWORD}",
+        ],  # noqa: E501
+    ):
+        argv = [sys.executable, "-m", "runner", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+        assert done.returncode == 0 and "tracking_uri: https://" in done.stdout, done.stderr[-2000:]
+        assert not any(s in done.stdout for s in ("hunter2", "s3cret", "pw-123456")), done.stdout
+        assert "***@" in done.stdout
