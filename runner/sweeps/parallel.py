@@ -45,7 +45,8 @@ def shares(n: int, cpus: list[int], gpus: list[str]) -> list[dict[str, str]]:
     """Each slot's environment: contiguous CPUs (the first slots take one more when they do not divide evenly) and,
     with GPUs, as many of them each. ConfigError when there are fewer CPUs (or GPUs) than slots."""
     if n > len(cpus) or (gpus and n > len(gpus)):
-        have = f"{len(gpus)} GPUs" if gpus and n > len(gpus) else f"{len(cpus)} CPUs this process may use"
+        plural = lambda k, what: f"{k} {what}{'s' if k != 1 else ''}"  # noqa: E731
+        have = plural(len(gpus), "GPU") if gpus and n > len(gpus) else f"{plural(len(cpus), 'CPU')} this process may use"
         raise ConfigError(
             f"sweep.parallel={n}: this machine has {have}, so {n} jobs side by side would share them and each would "
             f"measure the others' load. Set sweep.parallel={min(len(cpus), len(gpus) or len(cpus))} or less (each job "
