@@ -7,6 +7,7 @@ tests/unit/test_tf_private.py fails loudly when a TensorFlow release moves any o
 runs correct, only slower (or, for the resume hook, starting again at the epoch's first step, with a warning).
 """
 
+import contextlib
 import logging
 
 log = logging.getLogger("runner")
@@ -16,6 +17,7 @@ TF_LOGS = "_supports_tf_logs"  # tf_keras Callback: take the step's tensors as t
 RESUME_HOOK = "_maybe_load_initial_counters_from_ckpt"  # tf_keras Model.fit: (epoch, step) to start at
 PLATFORM = "_platform_device"  # PreemptionCheckpointHandler: the platform it detected (GCE or not)
 SYMBOLIC_BUILD = "_maybe_symbolic_build"  # Keras 3 Model.fit: a batch read to build the model before training
+STEPS_PER_EXECUTION = "_steps_per_execution"  # tf_keras Model: the compiled steps per call, a variable
 FLATTEN = "_flatten_layers"  # Keras 3 Layer: every nested layer (tf_keras' public `submodules`; Keras 3 has none)
 _warned = set()
 
@@ -52,6 +54,24 @@ def take_tf_logs(callback, enabled: bool = True):
     the host, and the callback reads them only when it reports. Without the attribute, Keras copies (slower)."""
     setattr(callback, TF_LOGS, enabled)
     return callback
+
+
+@contextlib.contextmanager
+def one_step_per_call(model):
+    """tf_keras' Model.evaluate runs the steps per call the model was compiled with, and then refuses a dataset
+    whose size it cannot infer (a stream of files): evaluation, which is no training step, runs one step per call
+    inside this. Without the variable, evaluate keeps the compiled count (a stream of unknown size then fails)."""
+    steps = getattr(model, STEPS_PER_EXECUTION, None)
+    before = int(steps.numpy()) if hasattr(steps, "assign") else 1
+    if steps is None:
+        _warn_once(f"tf_keras Model.{STEPS_PER_EXECUTION}", "evaluation runs the compiled steps per call")
+    if before > 1:
+        steps.assign(1)
+    try:
+        yield
+    finally:
+        if before > 1:
+            steps.assign(before)
 
 
 class ResumeInsideEpoch:

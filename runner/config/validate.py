@@ -384,6 +384,18 @@ def recovery(cfg):
 
 
 @check
+def steps_per_call(cfg):
+    """train.steps_per_execution and steps_per_loop: a positive integer (the range check) or auto."""
+    for key in ("steps_per_execution", "steps_per_loop"):
+        value = cfg.train[key]
+        if isinstance(value, str) and value != "auto":
+            raise ConfigError(
+                f"train.{key}={value!r} must be a positive integer (steps per tf.function call) or auto (the default: "
+                f"as many as keep every logged step, up to 100): e.g. train.{key}=10, or leave it out."
+            )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

@@ -9,7 +9,7 @@ parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 
 from runner.builders.metrics import build_own, per_replica, reset, results
 from runner.control import teardown
-from runner.executors import loop
+from runner.executors import loop, per_call
 from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_step import make_replica_step
@@ -98,12 +98,12 @@ class InProcessTrainer(loop.Trainer):
             strategy.run(eval_update, args=(inputs,))
 
         self.run_loop, self.eval_step = concrete_per_iterator(train_loop), eval_step
-        per_call = job.train.steps_per_loop
+        n = per_call.of(job, job.train.steps_per_loop)
         self.replicas, self.progress = job.replicas, job.progress
-        self.steps_per_call = min(per_call, max(1, job.checkpoint_every or data.steps_per_epoch))
+        self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
-            f"({per_call} per tf.function call), global batch {data.global_batch_size} over "
+            f"({per_call.text(job.train.steps_per_loop, n)}), global batch {data.global_batch_size} over "
             f"{job.replicas} replica(s){accumulation_text(job.train)}"
         )
         self.steps = {}  # tf.constant per call length, made once

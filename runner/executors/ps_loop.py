@@ -10,7 +10,7 @@ final. TensorFlow's preemption handler does not support parameter_server: the co
 import collections
 
 from runner.builders.metrics import build_own, reset, results
-from runner.executors import loop
+from runner.executors import loop, per_call
 from runner.executors.base import Job, Result, accumulation_text, epochs_text, replica_metrics
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
 from runner.executors.replica_step import make_replica_step
@@ -51,7 +51,7 @@ class CoordinatorTrainer(loop.Trainer):
             return total / tf.cast(num_steps, tf.float32), worker
 
         self.worker_loop = worker_loop
-        self.steps_per_call = job.train.steps_per_loop
+        self.steps_per_call = per_call.of(job, job.train.steps_per_loop)
         self.description = (
             f"training with a custom loop under parameter_server: {epochs_text(job.train.epochs)} x "
             f"{data.steps_per_epoch} steps ({self.steps_per_call} per scheduled call), batch "

@@ -98,3 +98,22 @@ def test_keras3_fit_still_has_the_symbolic_build_the_keras3_fit_skips():
     assert callable(getattr(keras.Model, tf_private.SYMBOLIC_BUILD, None)), f"keras.Model.{tf_private.SYMBOLIC_BUILD} is gone"
     tf_private.NoSymbolicBuild.check()
     assert f"keras.Model.{tf_private.SYMBOLIC_BUILD}" not in tf_private._warned
+
+
+def test_evaluate_still_runs_a_stream_of_unknown_size_at_one_step_per_call():
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from runner import tf_private
+
+    model = tf_keras.Sequential([tf_keras.layers.Input((3,)), tf_keras.layers.Dense(2)])
+    model.compile(loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=4)
+    x, y = np.ones((10, 3), np.float32), np.zeros(10, np.int32)
+    stream = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(4)  # size unknown to Keras
+    assert stream.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    with pytest.raises(ValueError, match="steps_per_execution"):
+        model.evaluate(stream, verbose=0)
+    with tf_private.one_step_per_call(model):
+        model.evaluate(stream, verbose=0)
+    assert int(getattr(model, tf_private.STEPS_PER_EXECUTION).numpy()) == 4 and not tf_private._warned
