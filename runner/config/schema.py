@@ -112,10 +112,16 @@ class TrainConfig:
     # k micro-batches per update, gradients summed: the update of the whole global batch with a k-th of the activations
     # in memory at a time (runner.executors.accumulation); must divide train.global_batch_size
     accumulation_steps: int = ranged(1, ge=1)
-    steps_per_execution: int = ranged(1, ge=1)  # fit: Model.compile(steps_per_execution=...), steps per tf.function call
-    steps_per_loop: int = ranged(1, ge=1)  # custom_loop: steps per tf.function call
+    # steps per tf.function call, fit's Model.compile(steps_per_execution=...) and the custom loop's; auto: as many as
+    # keep every logged step exact, up to AUTO_STEPS_CAP (runner.executors.per_call); a number wins
+    steps_per_execution: int | str = ranged("auto", ge=1, why="or auto (the default), which picks it")
+    steps_per_loop: int | str = ranged("auto", ge=1, why="or auto (the default), which picks it")
     log_every_n_steps: int = ranged(10, ge=1)
     mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
+    # XLA for the training step: true or false; null: each Keras' own default (tf_keras fit and the custom loop: off;
+    # a Keras 3 model: Keras 3's auto, on where its layers support it). Faster where measured (docs), and not
+    # bit-identical: XLA fuses and reorders float arithmetic
+    jit_compile: bool | None = None
     profile_steps: list[int] | None = ranged(
         None, ge=1, null="no trace"
     )  # [first, last]: a profiler trace (runner.executors.profiling)

@@ -233,7 +233,9 @@ def done_line(result: Result, summary: dict[str, float]) -> str:
     parts = [f"done: {result.steps} steps, final loss {result.final_loss:.4f}"]
     parts += [f"{k}={v:.4f}" for k, v in result.eval.items()]
     if "time/train_sec" in summary:
-        parts.append(f"training {summary['time/train_sec']:.3f}s")
+        rate = summary.get("summary/examples_per_sec")
+        after = f" ({rate:,.0f} examples/s after the first call)" if rate else ""
+        parts.append(f"training {summary['time/train_sec']:.3f}s{after}")
     if "time/to_first_step_sec" in summary:
         parts.append(f"first step after {summary['time/to_first_step_sec']:.2f}s")
     return ", ".join(parts)

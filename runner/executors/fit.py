@@ -6,6 +6,7 @@ import numpy as np
 
 from runner import tf_private
 from runner.control.stopping import StopGuard
+from runner.executors import per_call
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
     Job,
@@ -250,7 +251,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             pass
 
         def on_train_batch_begin(self, batch, logs=None):
-            job.profile.before(step_of(self.epoch, batch), job.train.steps_per_execution)
+            job.profile.before(step_of(self.epoch, batch), per_call.of(job, job.train.steps_per_execution))
 
         def on_train_batch_end(self, batch, logs=None):
             job.profile.after(step_of(self.epoch, batch))
@@ -289,7 +290,8 @@ def _tf_keras_fit(job: Job, initial_step: int):
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
             metrics=[*build_metrics(job.loss), *own],
-            steps_per_execution=job.train.steps_per_execution,
+            steps_per_execution=per_call.of(job, job.train.steps_per_execution),
+            jit_compile=bool(job.train.jit_compile),
         )
     model.distribute_reduction_method = "first"
     data = job.data
@@ -308,7 +310,8 @@ def _tf_keras_fit(job: Job, initial_step: int):
                 coordinator.append(make_evaluator(job, build_loss(job.loss, tf_keras.losses.Reduction.NONE)))
             return evaluate_on_coordinator(job, coordinator[0])
         eval_input = (data.arrays.x_eval, data.arrays.y_eval) if arrays_in else (data.eval_dataset(), None)
-        results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
+        with tf_private.one_step_per_call(model):
+            results = model.evaluate(*eval_input, return_dict=True, verbose=0, **kwargs)
         return {f"eval/{k}": float(v) for k, v in results.items()}
 
     return model, inputs, evaluate, own
@@ -327,7 +330,9 @@ def _keras3_fit(job: Job, initial_step: int):
         per_example_loss = build_loss(job.loss, PER_EXAMPLE, job.keras)
         own = build_own(job.metrics)
         model = keras3_model(job, per_example_loss, shard_losses, own)
-        model.compile(optimizer=job.optimizer, steps_per_execution=job.train.steps_per_execution)
+        jit = {} if job.train.jit_compile is None else {"jit_compile": job.train.jit_compile}  # None: Keras 3's auto
+        per_execution = per_call.of(job, job.train.steps_per_execution, whole=True)
+        model.compile(optimizer=job.optimizer, steps_per_execution=per_execution, **jit)
     # shuffle=False: the runner's dataset is shuffled already (Keras 3 warns otherwise)
     inputs = lambda done_steps: (job.data.distributed_train(job.strategy, done_steps), None, {"shuffle": False})  # noqa: E731
     return model, inputs, keras3_evaluator(job, per_example_loss), own
@@ -355,10 +360,11 @@ def run_fit(job: Job) -> Result:
     # under parameter_server a step is one worker's batch (num_replicas_in_sync is 1): say how many workers share them
     spread = f"{job.cluster.num_workers} worker(s)" if job.parameter_server and job.cluster else f"{job.replicas} replica(s)"
     log.info(
-        "training with Model.fit%s: %s x %d steps, global batch %d over %s%s",
+        "training with Model.fit%s: %s x %d steps (%s), global batch %d over %s%s",
         "" if tf_keras_model else " (Keras 3)",
         epochs_text(job.train.epochs),
         data.steps_per_epoch,
+        per_call.text(job.train.steps_per_execution, per_call.of(job, job.train.steps_per_execution, whole=not tf_keras_model)),
         data.global_batch_size,
         spread,
         accumulation_text(job.train),

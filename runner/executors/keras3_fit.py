@@ -29,7 +29,7 @@ def keras3_model(job: Job, per_example_loss, shard_losses, own):
 
     tf_private.NoSymbolicBuild.check()
     replicas = job.replicas
-    step = make_replica_step(job, per_example_loss, with_shard=True, metrics=own)
+    step = make_replica_step(job, per_example_loss, with_shard=True, metrics=own, keras3=True)
     epoch_loss = tf_keras.metrics.Mean(name="loss")  # the epoch's mean loss so far, as fit logs it
     tracked = [epoch_loss, *own]
 

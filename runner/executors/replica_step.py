@@ -9,7 +9,7 @@ from runner.executors.accumulation import accumulated
 from runner.executors.base import Job
 
 
-def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=()):
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=(), keras3: bool = False):
     """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss.
     `metrics`: train.metrics' objects (made inside the scope), updated with each (micro-)batch's labels and output."""
     import tensorflow as tf
@@ -60,4 +60,6 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metri
         grads, (loss, losses_sum, count) = accumulated(k, (x, y), micro_step)
         return apply(grads, loss, losses_sum, count)
 
-    return replica_step
+    # train.jit_compile for the custom loop (Keras 3's fit compiles its own train_step); the loop around it, which
+    # reads the input iterator, stays outside XLA
+    return tf.function(replica_step, jit_compile=True) if job.train.get("jit_compile") and not keras3 else replica_step
