@@ -651,6 +651,8 @@ def run_benchmark(scratch, tokens):
         extra = ["--quick", f"--out={out}", f"--tracking-uri={scratch.uri}"]
     elif tokens[2] == "benchmarks.wall":
         extra = ["--quick"]
+    elif tokens[2] == "benchmarks.limit":
+        extra = ["--quick", "--models=host"]  # three processes: the runner's two executors and the tight loop
     else:
         extra = ["--rounds=1", "--calls=2"]
     proc = scratch.run([*_python(tokens), *extra], cwd=ROOT, timeout=900)

@@ -1,0 +1,136 @@
+"""The runner's training throughput against the machine's limit: the same model's math in a tight loop.
+
+    python -m benchmarks.limit                                  # both models, fit and custom_loop, 3 rounds
+    python -m benchmarks.limit --strategy mirrored --logical-cpus 2
+    python -m benchmarks.limit --quick                          # one round, short runs: checks that it runs
+    git worktree add /tmp/before COMMIT && python -m benchmarks.limit --against /tmp/before   # before / after
+    python -m benchmarks.limit --variant jit=train.jit_compile=true   # one more side: the runner with XLA
+
+Per round, each a fresh process, interleaved with the order rotated: `python -m runner` as a user types it (MLflow
+on, every default; only the model, data size, batch and steps set) for each model and executor, and
+benchmarks.tight_loop for each model. The runner's figure is its own steady-state throughput (the done line's
+examples/s after the first call, tracing excluded, as the tight loop's); the tight loop's is the best of plain and
+XLA. "ratio" is runner / tight loop, of the medians; "per round" the median of each round's own ratio. The ladder
+columns say where the difference goes: `dataset` is the tight loop taking each batch from the runner's tf.data
+pipeline (input), `per_step` the same at one step per call with the loss read back each time (host calls); what
+lies between `dataset` and the runner is the rest of the runner's step (Keras' optimizer and metrics, per-replica
+losses, callbacks and logging).
+
+Models: host-bound, the default MLP 20-64-64-4, batch 256, 3000 steps; compute-bound, MLP 256-1024-1024-16,
+batch 512, 150 steps.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODELS = {
+    "host-bound MLP 20-64-64-4": dict(hidden=(64, 64), features=20, classes=4, batch=256, steps=3000),
+    "compute-bound MLP 256-1024-1024-16": dict(hidden=(1024, 1024), features=256, classes=16, batch=512, steps=150),
+}
+EXECUTORS = ("fit", "custom_loop")
+
+
+def runner_argv(m, executor, strategy, cpus, steps):
+    return [
+        sys.executable, "-m", "runner", f"executor={executor}", f"strategy={strategy}", f"devices.logical_cpus={cpus}",
+        f"model.hidden_units=[{','.join(map(str, m['hidden']))}]", f"data.num_features={m['features']}",
+        f"data.num_classes={m['classes']}", f"train.global_batch_size={m['batch']}", "train.epochs=1",
+        f"train.steps_per_epoch={steps}", "data.eval_examples=256",
+    ]  # fmt: skip
+
+
+def steady_rate(out: str, batch: int, steps: int) -> float:
+    """The runner's examples/s after the first call: its done line, or (an older version's) the phases line's
+    train time over the steps after the first call."""
+    found = re.search(r"\(([0-9,]+) examples/s after the first call\)", out)
+    if found:
+        return float(found.group(1).replace(",", ""))
+    per_call = re.search(r"\((\d+) per tf\.function call", out)
+    first = int(per_call.group(1)) if per_call else 1
+    train = float(re.search(r"phases: .*?\btrain ([0-9.]+)s", out).group(1))
+    return (steps - first) * batch / train
+
+
+def run(argv, cwd, pythonpath=None):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return proc.stdout, proc.stderr
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.limit")
+    p.add_argument("--strategy", default="default", choices=["default", "mirrored"])
+    p.add_argument("--logical-cpus", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="one round, a tenth of the steps")
+    p.add_argument("--against", help="another checkout: its runner, side by side in the same rounds")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE]",
+                   help="one more runner side with these overrides, e.g. jit=train.jit_compile=true")  # fmt: skip
+    p.add_argument("--models", default="all", choices=["all", "host", "compute"])
+    a = p.parse_args(argv)
+    rounds = 1 if a.quick else a.rounds
+    cpus = a.logical_cpus if a.strategy != "default" else 1
+    models = {k: v for k, v in MODELS.items() if a.models == "all" or k.startswith(a.models)}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    versions = {"runner": (None, [])}  # name: (checkout on PYTHONPATH, overrides)
+    if a.against:
+        versions["before"] = (os.path.abspath(a.against), [])
+    for v in a.variant:
+        name, _, overrides = v.partition("=")
+        versions[name] = (None, overrides.split(","))
+    work = tempfile.mkdtemp(prefix="limit-")
+    sides = []
+    for name, m in models.items():
+        steps = max(20, m["steps"] // 10) if a.quick else m["steps"]
+        for executor, (version, (path, overrides)) in itertools.product(EXECUTORS, versions.items()):
+            argv_ = [*runner_argv(m, executor, a.strategy, cpus, steps), *overrides]
+            argv_.append(f"mlflow.tracking_uri=sqlite:///{work}/{version}.db")
+            sides.append(((name, executor, version), argv_, path, m["batch"], steps))
+        tight = [sys.executable, "-m", "benchmarks.tight_loop", f"--hidden={','.join(map(str, m['hidden']))}"]
+        tight += [f"--features={m['features']}", f"--classes={m['classes']}", f"--batch={m['batch']}", f"--steps={steps}"]
+        tight += ["--steps-per-call=10", f"--strategy={a.strategy}", f"--logical-cpus={cpus}"]
+        sides.append(((name, "tight", None), tight, None, m["batch"], steps))
+    results = {key: [] for key, *_ in sides}
+    count = itertools.count()
+    for r in range(rounds):
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]
+        for key, argv_, path, batch, steps in order:
+            print(f"round {r + 1}/{rounds}: {key[0]}, {key[1]}{'' if key[2] in (None, 'runner') else ' (' + key[2] + ')'}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            cwd = path or root
+            if key[1] == "tight":
+                out, _ = run(argv_, root)
+                results[key].append(json.loads(out.strip().splitlines()[-1]))
+            else:
+                out = run([*argv_, f"hydra.run.dir={work}/runs/{next(count)}"], cwd, path)
+                results[key].append(steady_rate("".join(out), batch, steps))
+    print(f"\nstrategy {a.strategy}, {cpus} replica(s), {rounds} round(s), medians, examples/s after the first call (warm-up)\n")
+    print("| model | executor | version | runner | tight loop (plain / XLA) | ratio | per round | ladder: dataset, per_step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in models:
+        tight = results[(name, "tight", None)]
+        best = [t["tight"] for t in tight]
+        plain, xla = statistics.median(t["tight_plain"] for t in tight), [t["tight_xla"] for t in tight if t.get("tight_xla")]
+        ladder = f"{statistics.median(t['dataset'] for t in tight):,.0f}, {statistics.median(t['per_step'] for t in tight):,.0f}"
+        for executor, version in itertools.product(EXECUTORS, versions):
+            got = results[(name, executor, version)]
+            ratio = statistics.median(got) / statistics.median(best)
+            rounds_ratio = statistics.median(g / b for g, b in zip(got, best))
+            limit = f"{statistics.median(best):,.0f} ({plain:,.0f} / {statistics.median(xla):,.0f})" if xla else f"{plain:,.0f}"
+            print(f"| {name} | {executor} | {version} | {statistics.median(got):,.0f} | {limit} | {ratio:.2f} | "
+                  f"{rounds_ratio:.2f} | {ladder} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
