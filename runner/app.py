@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import command_line, hydra_private, layout, registry, schema
+from runner.config import command_line, hydra_private, interpolation, layout, registry, schema
 from runner.config.validate import validate
 from runner.control import claims, contract
 from runner.control.stopping import Stopped
@@ -184,6 +184,9 @@ def redact_hydra_files(*directories) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """Validate, then train. Returns the run summary (MLflow run id, final metrics), also written to summary.json."""
+    unresolved = interpolation.check(cfg)  # before any check reads a value: one paragraph, not OmegaConf's traceback
+    if unresolved:
+        raise ConfigError(unresolved)
     chosen = validate(cfg)  # strategy=auto's choice, carried along (None: the config names its strategy)
     claims.claim_output_dir(cfg)  # before anything reads the directory's checkpoints or MLflow run id
     if cfg.resume and not os.environ.get(contract.ATTACH_RUN):

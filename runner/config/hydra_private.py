@@ -153,6 +153,14 @@ def _compact_errors_without_trailer() -> None:
     def run_and_report(func):
         try:
             return func()
+        except OmegaConfBaseException as err:  # --cfg job --resolve: an interpolation that cannot be resolved
+            from runner.config.interpolation import explain
+
+            text = explain(err, overrides=sys.argv[1:])
+            if text is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            sys.stderr.write(f"Error: {text}{os.linesep}")
+            sys.exit(2)
         except CompactHydraException as err:  # Hydra's own printing of these, without its last line
             if os.environ.get("HYDRA_FULL_ERROR") == "1" or utils.is_under_debugger():
                 raise

@@ -92,3 +92,10 @@ def redact_logs() -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, Redacting) for f in handler.filters):
             handler.addFilter(Redacting())
+
+
+def visible(text: str) -> str:
+    """`text` with characters that print as nothing (a zero-width space, a control character) written as <U+200B>."""
+    import unicodedata
+
+    return "".join(f"<U+{ord(c):04X}>" if unicodedata.category(c) in ("Cf", "Cc", "Zl", "Zp") else c for c in text)

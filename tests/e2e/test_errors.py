@@ -45,6 +45,14 @@ ROWS = {
     ),
     # runner/config/validate.py (exit 2): no TensorFlow import
     "zero-epochs": Row(["train.epochs=0"], 2, ["train.epochs=0 must be a positive integer"]),
+    # runner/config/interpolation.py (exit 2): an interpolation that cannot be resolved, named before any check reads it
+    "interpolation-unset-env": Row(
+        ["train.epochs=${oc.env:RUNNER_TEST_UNSET}"],
+        2,
+        ["train.epochs=${oc.env:RUNNER_TEST_UNSET}: the interpolation reads the environment variable RUNNER_TEST_UNSET"],
+    ),
+    "interpolation-cycle": Row(["train.epochs=${train.epochs}"], 2, ["train.epochs=${train.epochs}: ", "interpolation cycle"]),
+    "steps-per-call-word": Row(["train.steps_per_loop=many"], 2, ["train.steps_per_loop='many' must be a positive integer"]),
     "negative-steps": Row(["train.steps_per_epoch=-5"], 2, ["train.steps_per_epoch=-5 must be 1 or more, or null"]),
     "zero-batch": Row(["train.global_batch_size=0"], 2, ["train.global_batch_size=0 must be a positive integer"]),
     "negative-batch": Row(["train.global_batch_size=-8"], 2, ["train.global_batch_size=-8 must be a positive integer"]),

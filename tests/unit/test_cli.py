@@ -423,11 +423,13 @@ def test_an_output_directory_that_cannot_be_made_is_one_error_before_anything_ru
 
 @pytest.mark.slow  # end to end: `python -m runner` twice, before Hydra and TensorFlow
 def test_an_unreadable_override_and_two_commands_exit_2_in_one_line(tmp_path):
-    for argv in (["mlflow.tracking_uri=sqlite:///runs.db?timeout=20"], ["-m", "--cfg", "job"]):
+    unresolved = ["--cfg", "job", "--resolve", "train.epochs=${train.seed_x}"]  # OmegaConf's traceback before
+    for argv in (["mlflow.tracking_uri=sqlite:///runs.db?timeout=20"], ["-m", "--cfg", "job"], unresolved):
         done = subprocess.run([sys.executable, "-m", "runner", *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert done.stderr.startswith("Error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not list(tmp_path.iterdir())  # nothing written: no outputs/, no store
+        assert argv != unresolved or "train.epochs=${train.seed_x}: the interpolation refers to train.seed_x" in done.stderr
     # Hydra prints its own node without the job's keys: hydra.run.dir's resume= must not be a missing key there
     argv = [sys.executable, "-m", "runner", "--cfg", "hydra", "--resolve", "resume=/elsewhere"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)

@@ -150,3 +150,8 @@ def test_config_only_commands_are_seen_in_every_form_hydra_takes():
         assert command_line.config_only([*argv, "hydra.run.dir=x"]), argv
     for argv in (["hydra.run.dir=x"], ["-m", "a=1,2"], ["resume=out/run"], []):
         assert not command_line.config_only(argv), argv
+
+
+def test_a_character_that_does_not_show_is_marked_where_it_is():
+    problem = command_line.unreadable_override_problem(["train.epochs\u200b=3"])
+    assert problem.startswith("train.epochs<U+200B>=3 (<U+...> marks a character that does not show)"), problem
