@@ -6,11 +6,13 @@ import os
 import re
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-_URI_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
+# A scheme starts where no scheme character precedes it (the lookbehind): else every letter of a long word would
+# start a scan to its end, quadratic in its length (a 1 MB value in a config file hung a run)
+_URI_CREDENTIALS = re.compile(r"(?P<scheme>(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
 # A database URI's password as SQLAlchemy reads it: up to an `@`, with `/` allowed; a second `@` typed in it
 # (unencoded) is masked too, up to the `@` before the host. Not for http(s), whose paths may hold an `@`.
 _DB_CREDENTIALS = re.compile(
-    r"(?P<scheme>\b(?!https?://)[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*):[^\s?#]*@(?=[^@\s/?#]*(?:[/?#\s]|$))"
+    r"(?P<scheme>(?<![a-zA-Z0-9+.-])(?!https?://)[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*):[^\s?#]*@(?=[^@\s/?#]*(?:[/?#\s]|$))"
 )
 # a query parameter named like a secret (?password=..., &access_token=...): its value, up to a quote, a comma, a
 # parenthesis or a colon that ends a sentence

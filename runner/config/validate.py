@@ -524,6 +524,20 @@ def keras_app_model(cfg):
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 
 
+MAX_EXPERIMENT_NAME = 500  # MLflow's MAX_EXPERIMENT_NAME_LENGTH (mlflow.utils.validation; not imported here)
+
+
+@check
+def experiment_name_length(cfg):
+    """MLflow refuses a longer experiment name, which its error made look like a tracking-URI problem."""
+    name = str(cfg.mlflow.experiment_name)
+    if len(name) > MAX_EXPERIMENT_NAME:
+        raise ConfigError(
+            f"mlflow.experiment_name is {len(name)} characters long ({name[:40]}...): MLflow takes at most "
+            f"{MAX_EXPERIMENT_NAME}. Use a shorter name."
+        )
+
+
 @check
 def registered_model_name(cfg):
     """mlflow.register_as: a name `models:/<name>/<version>` can carry, and a model to register."""

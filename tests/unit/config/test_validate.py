@@ -244,7 +244,16 @@ WRONG_COMBOS = [
     (["train.optimizer.learning_rate=fast"], "train.optimizer.learning_rate"),
     (["mlflow.register_as=a/b"], "mlflow.register_as"),
     (["mlflow.register_as=m", "mlflow.log_model=false"], "mlflow.log_model=false"),
+    (["mlflow.experiment_name=" + "x" * 501], "mlflow.experiment_name is 501 characters long"),
 ]
+
+
+def test_an_experiment_name_longer_than_mlflow_takes_is_named():
+    assert_refused(composed("mlflow.experiment_name=" + "e" * 501), "mlflow.experiment_name is 501 characters", "at most 500")
+    validate_only = composed("mlflow.experiment_name=" + "e" * 500)
+    from runner.config.validate import check_config
+
+    check_config(validate_only)
 
 
 def _override(key, value):
