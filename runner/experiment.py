@@ -179,11 +179,13 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         chosen.check_gpus(len(devices.gpus))
     replicas = strategy.num_replicas_in_sync
     placed = strategy_devices(strategy, devices)
+    ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     log.info(
-        "%s%s with %d replica(s) on %s",
+        "%s%s with %d replica(s)%s on %s",
         f"{cluster.task}: " if cluster.task_type else "",
         strategy_name(strategy),
         replicas,
+        f" per step (its {cluster.num_workers} worker(s) each run whole steps, asynchronously)" if ps else "",
         ", ".join(placed),
     )
     run.set_tags(

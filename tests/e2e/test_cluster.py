@@ -92,6 +92,11 @@ def test_parameter_server_trains(runs, runner, executor):
     losses = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
     assert losses[-1] < losses[0]
     assert run.data.metrics["eval/accuracy"] > 0.4
+    # "1 replica(s)" alone read as if one worker trained (issue 50, item 13)
+    assert (
+        "ParameterServerStrategy with 1 replica(s) per step (its 2 worker(s) each run whole steps"
+        in runs[f"ps-{executor}"].output
+    )
     if executor == "fit":  # the side-car evaluator evaluated the final checkpoint like the coordinator did
         history = client.get_metric_history(run.info.run_id, "sidecar/eval_loss")
         final = max(history, key=lambda m: m.step)
