@@ -82,6 +82,10 @@ ELASTIC = [
     "train.epochs=12",  # 192 steps: the smaller job reaches a checkpoint well before its last step, to grow back
     "train.log_every_n_steps=4",
     "checkpoint.every_n_steps=16",
+    # one step per call, as these tests were timed: they kill a worker mid-run, and at auto's 4 steps per call the
+    # small model's 192 steps could end before the kill landed (auto itself runs in the other e2e runs)
+    "train.steps_per_loop=1",
+    "train.steps_per_execution=1",
 ]
 
 FAST = [
