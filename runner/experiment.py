@@ -179,13 +179,13 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
         chosen.check_gpus(len(devices.gpus))
     replicas = strategy.num_replicas_in_sync
     placed = strategy_devices(strategy, devices)
-    ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     log.info(
         "%s%s with %d replica(s)%s on %s",
         f"{cluster.task}: " if cluster.task_type else "",
         strategy_name(strategy),
         replicas,
-        f" per step (its {cluster.num_workers} worker(s) each run whole steps, asynchronously)" if ps else "",
+        f" per step (its {cluster.num_workers} worker(s) each run whole steps, asynchronously)" if parameter_server else "",
         ", ".join(placed),
     )
     run.set_tags(
@@ -201,7 +201,6 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     )
     arrays = in_memory.load(cfg.data)
     run.log_inputs(describe_data(cfg.data, arrays))  # MLflow's dataset view: name, source, digest, schema, rows
-    parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     data = build_data(cfg.data, arrays, cfg.train, replicas, cluster, parameter_server)
     run.set_tags({"steps_per_epoch": data.steps_per_epoch})  # the sweep report's loss curves need the epochs' bounds
     tf_keras.utils.set_random_seed(cfg.train.seed)  # same initial weights whatever the strategy

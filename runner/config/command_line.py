@@ -147,8 +147,8 @@ def unreadable_override_problem(argv) -> str:
         hydra_says = "; ".join(line for line in said if arg not in line)[:400]  # the lexer's lines repeat the override
         written = None if said and said[0].startswith("Error parsing override") else _quoted(key, value, sweep)
         if written is None:
-            hidden = visible(arg) != arg
-            shown = f"{visible(arg)} (<U+...> marks a character that does not show)" if hidden else arg
+            seen = visible(arg)
+            shown = f"{seen} (<U+...> marks a character that does not show)" if seen != arg else arg
             text = (
                 f"{shown} is not an override Hydra can read{f' ({hydra_says})' if hydra_says else ''}. A list is "
                 "key=[a,b], a dict key={k: v}, a sweep key=a,b (with -m), and text with characters the grammar keeps "

@@ -150,6 +150,9 @@ def _compact_errors_without_trailer() -> None:
     if getattr(report, _MARK, False):
         return
 
+    def full_error() -> bool:  # what Hydra's own run_and_report asks before it shortens an error
+        return os.environ.get("HYDRA_FULL_ERROR") == "1" or utils.is_under_debugger()
+
     def run_and_report(func):
         try:
             return func()
@@ -157,12 +160,12 @@ def _compact_errors_without_trailer() -> None:
             from runner.config.interpolation import explain
 
             text = explain(err, overrides=sys.argv[1:])
-            if text is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            if text is None or full_error():
                 raise
             sys.stderr.write(f"Error: {text}{os.linesep}")
             sys.exit(2)
         except CompactHydraException as err:  # Hydra's own printing of these, without its last line
-            if os.environ.get("HYDRA_FULL_ERROR") == "1" or utils.is_under_debugger():
+            if full_error():
                 raise
             sys.stderr.write(str(err) + os.linesep)
             if isinstance(err.__cause__, OmegaConfBaseException):

@@ -4,9 +4,8 @@ rather than OmegaConf's traceback from wherever the value is first read."""
 
 import re
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
-    InterpolationKeyError,
     InterpolationResolutionError,
     InterpolationToMissingValueError,
     OmegaConfBaseException,
@@ -20,21 +19,22 @@ LIST_KEYS = "python -m runner --cfg job lists the keys"
 
 def _raw(cfg, key: str):
     """The value `key` holds before resolution (the `${...}` text), or None."""
-    node = cfg
-    try:
-        for part in re.findall(r"[^.\[\]]+", key or ""):
-            node = node._get_node(int(part) if isinstance(node, ListConfig) else part)
-        return node._value()
-    except Exception:  # noqa: BLE001  a key OmegaConf's message names otherwise: the paragraph goes without it
-        return None
+    node = OmegaConf.to_container(cfg, resolve=False)
+    for part in re.findall(r"[^.\[\]]+", key or ""):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:  # a key OmegaConf's message names otherwise: the paragraph goes without its value
+            return None
+    return node if key else None
 
 
 def explain(err: OmegaConfBaseException, cfg=None, overrides=()) -> str | None:
     """One paragraph for an interpolation error (None for any other OmegaConf error). Without `cfg` (OmegaConf's
     resolve names no key), the override of `overrides` that holds the interpolation stands for the key."""
-    if not isinstance(err, InterpolationResolutionError | UnsupportedInterpolationType | InterpolationToMissingValueError):
-        if not type(err).__name__.startswith("Interpolation"):
-            return None
+    if not isinstance(err, InterpolationResolutionError | UnsupportedInterpolationType):  # their subclasses too
+        return None
     full = str(err)
     key = getattr(err, "full_key", None) or next(iter(re.findall(r"full_key: (\S+)", full)), "")
     raw = _raw(cfg, key) if cfg is not None else None
@@ -54,7 +54,7 @@ def explain(err: OmegaConfBaseException, cfg=None, overrides=()) -> str | None:
         what = f"reads the environment variable {name}, which is not set: set it, or give a default: ${{oc.env:{name},<default>}}"
     elif resolver:
         what = f"calls the resolver {resolver.group(1)!r}, which is not registered: use oc.env, oc.select or a plain value"
-    elif "Recursive interpolation" in text or isinstance(err, InterpolationKeyError) and "cycle" in text:
+    elif "Recursive interpolation" in text:
         what = "refers back to itself (an interpolation cycle): give one of the keys in the cycle a plain value"
     elif isinstance(err, InterpolationToMissingValueError):
         what = f"refers to a key that is not set ({text}): set that key too"

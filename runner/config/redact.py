@@ -4,6 +4,7 @@ environment variables (names containing TOKEN, KEY, SECRET, PASSWORD...)."""
 import logging
 import os
 import re
+import unicodedata
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 # A scheme starts where no scheme character precedes it (the lookbehind): else every letter of a long word would
@@ -98,6 +99,4 @@ def redact_logs() -> None:
 
 def visible(text: str) -> str:
     """`text` with characters that print as nothing (a zero-width space, a control character) written as <U+200B>."""
-    import unicodedata
-
     return "".join(f"<U+{ord(c):04X}>" if unicodedata.category(c) in ("Cf", "Cc", "Zl", "Zp") else c for c in text)

@@ -152,7 +152,9 @@ def _shown(logs):
     return {k: v for k, v in (logs or {}).items() if k != "replica_losses"}
 
 
-def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate, own=(), keras=None):
+def _callbacks(
+    job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate, own=(), keras=None, per_execution=1
+):
     """`own`: train.metrics' objects, whose per-replica copies are read at each report (one worker only). `keras`:
     the model's Keras (keras_of), whose Callback they subclass; tf_keras when not given."""
     import tf_keras
@@ -251,7 +253,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
             pass
 
         def on_train_batch_begin(self, batch, logs=None):
-            job.profile.before(step_of(self.epoch, batch), per_call.of(job, job.train.steps_per_execution))
+            job.profile.before(step_of(self.epoch, batch), per_execution)
 
         def on_train_batch_end(self, batch, logs=None):
             job.profile.after(step_of(self.epoch, batch))
@@ -264,7 +266,7 @@ def _callbacks(job: Job, meter: Throughput, initial_step: int, guard: StopGuard,
     return callbacks
 
 
-def _tf_keras_fit(job: Job, initial_step: int):
+def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
     """(model, inputs(done steps) -> fit's x, y and kwargs, evaluate, train.metrics' objects) for a tf_keras model."""
     import tf_keras
 
@@ -290,7 +292,7 @@ def _tf_keras_fit(job: Job, initial_step: int):
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
             metrics=[*build_metrics(job.loss), *own],
-            steps_per_execution=per_call.of(job, job.train.steps_per_execution),
+            steps_per_execution=per_execution,
             jit_compile=bool(job.train.jit_compile),
         )
     model.distribute_reduction_method = "first"
@@ -317,7 +319,7 @@ def _tf_keras_fit(job: Job, initial_step: int):
     return model, inputs, evaluate, own
 
 
-def _keras3_fit(job: Job, initial_step: int):
+def _keras3_fit(job: Job, initial_step: int, per_execution: int):
     """The same for a Keras 3 model (runner.executors.keras3_fit): its input is the custom loop's distributed
     dataset, from the resumed step on, whatever data.input is (Keras 3 has no DatasetCreator; its own batching of
     arrays would shuffle them otherwise than the other executors)."""
@@ -331,7 +333,6 @@ def _keras3_fit(job: Job, initial_step: int):
         own = build_own(job.metrics)
         model = keras3_model(job, per_example_loss, shard_losses, own)
         jit = {} if job.train.jit_compile is None else {"jit_compile": job.train.jit_compile}  # None: Keras 3's auto
-        per_execution = per_call.of(job, job.train.steps_per_execution, whole=True)
         model.compile(optimizer=job.optimizer, steps_per_execution=per_execution, **jit)
     # shuffle=False: the runner's dataset is shuffled already (Keras 3 warns otherwise)
     inputs = lambda done_steps: (job.data.distributed_train(job.strategy, done_steps), None, {"shuffle": False})  # noqa: E731
@@ -353,7 +354,9 @@ def run_fit(job: Job) -> Result:
     initial_step = job.restore()
     keras = job.keras
     tf_keras_model = keras.__name__ == "tf_keras"
-    model, inputs, evaluate, own = (_tf_keras_fit if tf_keras_model else _keras3_fit)(job, initial_step)
+    # Keras 3's fit runs whole calls only (runner.executors.per_call)
+    per_execution = per_call.of(job, job.train.steps_per_execution, whole=not tf_keras_model)
+    model, inputs, evaluate, own = (_tf_keras_fit if tf_keras_model else _keras3_fit)(job, initial_step, per_execution)
     mode = job.progress
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
@@ -364,7 +367,7 @@ def run_fit(job: Job) -> Result:
         "" if tf_keras_model else " (Keras 3)",
         epochs_text(job.train.epochs),
         data.steps_per_epoch,
-        per_call.text(job.train.steps_per_execution, per_call.of(job, job.train.steps_per_execution, whole=not tf_keras_model)),
+        per_call.text(job.train.steps_per_execution, per_execution),
         data.global_batch_size,
         spread,
         accumulation_text(job.train),
@@ -375,7 +378,7 @@ def run_fit(job: Job) -> Result:
     callbacks_own = build_callbacks(job.executor.get("callbacks"), keras)  # checked before the first step
     started = time.perf_counter()
     with StopGuard(job) as guard:
-        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate, own, keras), *callbacks_own]
+        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate, own, keras, per_execution), *callbacks_own]
         calls = _fit_calls(initial_step, data.steps_per_epoch, job.train.epochs, inside_epoch=tf_keras_model)
         for initial_epoch, epochs, per_epoch, done in calls:
             x, y, kwargs = inputs(done)
