@@ -211,6 +211,14 @@ class Membership:
             raise _Grow()
 
 
+def _heard_out(tasks) -> None:
+    """Every line the stopped tasks wrote, read: the chief's step is that of its last progress line, not of one its
+    output reader had not reached yet (the next generation would log the steps between again)."""
+    for t in tasks:
+        for pump in t.pumps:
+            pump.join(timeout=2)
+
+
 def is_killed(code: int | None) -> bool:
     """Ended by a signal (or exit 137, SIGKILL through a shell), not by giving up on a lost peer (exit 3)."""
     return code is not None and (code < 0 or code == 137)
@@ -270,6 +278,7 @@ def supervise(
                 t.signal(signal.SIGKILL)
             for t in tasks:
                 t.proc.wait()
+            _heard_out(tasks)
             size = membership.lost(err, tasks)  # after they are gone: the checkpoint named is the one restored
             if ended_by_itself:
                 membership.delivered(chief.step)
@@ -277,6 +286,7 @@ def supervise(
             wait_for(trainers(tasks), cfg.cluster.stop_grace_sec)  # they are checkpointing at the step they agreed on
             told = [t for t in trainers(tasks) if t.notified]
             stop_all(tasks, cfg.cluster.failure_grace_sec)
+            _heard_out(tasks)
             if all(t.proc.returncode == 0 for t in trainers(tasks)):  # they reached the last step before they stopped
                 membership.close_open()
                 return
@@ -291,6 +301,7 @@ def supervise(
                 t.signal(signal.SIGTERM)
             wait_for(trainers(tasks), cfg.cluster.stop_grace_sec)
             stop_all(tasks, cfg.cluster.failure_grace_sec)
+            _heard_out(tasks)
             if all(t.proc.returncode == 0 for t in trainers(tasks)):  # they reached the last step before they stopped
                 membership.pending = None
                 log.info("cluster.elastic: the job reached its last step before it could grow back")
@@ -299,9 +310,6 @@ def supervise(
             membership.pending.update(checkpoint_step=step, steps_redone=0)
             membership.base_step = step
             membership.delivered(tasks[0].step)  # they ended by themselves
-        for t in tasks:
-            for pump in t.pumps:
-                pump.join(timeout=2)
         tasks[:] = rebuild(size)
         if membership.logged_through is not None:
             for t in tasks:

@@ -8,10 +8,12 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
 from runner.config import schema, validate
+from runner.control import contract
 from runner.errors import ClusterError, ConfigError
 from runner.launch import elastic, localhost
 
@@ -241,3 +243,23 @@ def test_off_by_default_and_the_tasks_know_when_it_is_on(tmp_path):
     assert not any("RUNNER_ELASTIC" in t.env for t in tasks)
     on = helpers.composed(f"output_dir={tmp_path}", *ELASTIC)
     assert all(t.env["RUNNER_ELASTIC"] == "1" for t in localhost.build_tasks(on, [], run_id="r", uri="sqlite:///x.db"))
+
+
+def test_the_steps_a_chief_logged_before_it_gave_up_are_not_logged_again_however_late_its_output_is_read(job, monkeypatch):
+    heard = localhost.Task.heard
+
+    def slowly(self, line, lock):  # a loaded machine: the launcher reads the chief's last lines after it has exited
+        time.sleep(0.002)
+        heard(self, line, lock)
+
+    monkeypatch.setattr(localhost.Task, "heard", slowly)
+    burst = "print('\\n'.join(['noise'] * 500), flush=True)"
+    first = {
+        "worker:0": script("time.sleep(0.3)", PROGRESS, burst, PROGRESS.replace("step 3/8", "step 7/8"), "sys.exit(3)"),
+        "worker:1": script("time.sleep(0.4)", "os.kill(os.getpid(), signal.SIGKILL)"),
+        "worker:2": script("time.sleep(120)"),
+    }
+    second = {"worker:0": script("pass"), "worker:1": script("pass")}
+    cfg, tasks, rebuild, made = job(["cluster.workers=3", "cluster.elastic.rejoin_after_sec=null"], [first, second])
+    _supervise(cfg, tasks, rebuild, Recorded())
+    assert made[1][0].env[contract.LOGGED_THROUGH] == "15"  # epoch 2 step 7 of 8: the chief's last logged step
