@@ -14,7 +14,8 @@ XLA. "ratio" is runner / tight loop, of the medians; "per round" the median of e
 columns say where the difference goes: `dataset` is the tight loop taking each batch from the runner's tf.data
 pipeline (input), `per_step` the same at one step per call with the loss read back each time (host calls); what
 lies between `dataset` and the runner is the rest of the runner's step (Keras' optimizer and metrics, per-replica
-losses, callbacks and logging).
+losses, callbacks and logging). A second table times each runner side's whole process, command to prompt (imports,
+MLflow, tracing and evaluation included): the headline of a before / after (--against), as a user waits for it.
 
 Models: host-bound, the default MLP 20-64-64-4, batch 256, 3000 steps; compute-bound, MLP 256-1024-1024-16,
 batch 512, 150 steps.
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 MODELS = {
     "host-bound MLP 20-64-64-4": dict(hidden=(64, 64), features=20, classes=4, batch=256, steps=3000),
@@ -62,10 +64,12 @@ def run(argv, cwd, pythonpath=None):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)
+    wall = time.perf_counter() - started  # command to prompt, as the user waits for it
     if proc.returncode:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return proc.stdout, proc.stderr
+    return proc.stdout, proc.stderr, wall
 
 
 def main(argv=None):
@@ -78,7 +82,12 @@ def main(argv=None):
     p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE]",
                    help="one more runner side with these overrides, e.g. jit=train.jit_compile=true")  # fmt: skip
     p.add_argument("--models", default="all", choices=["all", "host", "compute"])
+    p.add_argument("--scale", type=float, default=1.0, help="each model's steps times this (longer runs)")
     a = p.parse_args(argv)
+    if a.against and not os.path.isfile(os.path.join(a.against, "runner", "__main__.py")):
+        p.error(f"--against {a.against}: no checkout of the runner there (no runner/__main__.py)")
+    if any(not name or not overrides for name, _, overrides in (v.partition("=") for v in a.variant)):
+        p.error(f"--variant takes NAME=OVERRIDE[,OVERRIDE], e.g. jit=train.jit_compile=true; got {a.variant}")
     rounds = 1 if a.quick else a.rounds
     cpus = a.logical_cpus if a.strategy != "default" else 1
     models = {k: v for k, v in MODELS.items() if a.models == "all" or k.startswith(a.models)}
@@ -92,7 +101,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="limit-")
     sides = []
     for name, m in models.items():
-        steps = max(20, m["steps"] // 10) if a.quick else m["steps"]
+        steps = max(20, m["steps"] // 10) if a.quick else int(m["steps"] * a.scale)
         for executor, (version, (path, overrides)) in itertools.product(EXECUTORS, versions.items()):
             argv_ = [*runner_argv(m, executor, a.strategy, cpus, steps), *overrides]
             argv_.append(f"mlflow.tracking_uri=sqlite:///{work}/{version}.db")
@@ -102,6 +111,7 @@ def main(argv=None):
         tight += ["--steps-per-call=10", f"--strategy={a.strategy}", f"--logical-cpus={cpus}"]
         sides.append(((name, "tight", None), tight, None, m["batch"], steps))
     results = {key: [] for key, *_ in sides}
+    walls = {key: [] for key, *_ in sides}
     count = itertools.count()
     for r in range(rounds):
         order = sides[r % len(sides) :] + sides[: r % len(sides)]
@@ -110,11 +120,12 @@ def main(argv=None):
                   file=sys.stderr, flush=True)  # fmt: skip
             cwd = path or root
             if key[1] == "tight":
-                out, _ = run(argv_, root)
+                out, _, _ = run(argv_, root)
                 results[key].append(json.loads(out.strip().splitlines()[-1]))
             else:
-                out = run([*argv_, f"hydra.run.dir={work}/runs/{next(count)}"], cwd, path)
-                results[key].append(steady_rate("".join(out), batch, steps))
+                out, err, wall = run([*argv_, f"hydra.run.dir={work}/runs/{next(count)}"], cwd, path)
+                results[key].append(steady_rate(out + err, batch, steps))
+                walls[key].append(wall)
     print(f"\nstrategy {a.strategy}, {cpus} replica(s), {rounds} round(s), medians, examples/s after the first call (warm-up)\n")
     print("| model | executor | version | runner | tight loop (plain / XLA) | ratio | per round | ladder: dataset, per_step |")
     print("|---|---|---|---|---|---|---|---|")
@@ -130,6 +141,22 @@ def main(argv=None):
             limit = f"{statistics.median(best):,.0f} ({plain:,.0f} / {statistics.median(xla):,.0f})" if xla else f"{plain:,.0f}"
             print(f"| {name} | {executor} | {version} | {statistics.median(got):,.0f} | {limit} | {ratio:.2f} | "
                   f"{rounds_ratio:.2f} | {ladder} |")  # fmt: skip
+    print(f"\nwhole process, command to prompt (MLflow on), {rounds} round(s), medians; speed: {versions_text(versions)}\n")
+    print("| model | executor | " + " | ".join(f"{v} (s)" for v in versions) + " | speed vs runner, per round |")
+    print("|---|---|" + "---|" * len(versions) + "---|")
+    for name, executor in itertools.product(models, EXECUTORS):
+        times = {v: walls[(name, executor, v)] for v in versions}
+        speeds = [
+            f"{v} {statistics.median(t / r for t, r in zip(times[v], times['runner'])):.2f}" for v in versions if v != "runner"
+        ]
+        cells = " | ".join(f"{statistics.median(t):.2f}" for t in times.values())
+        print(f"| {name} | {executor} | {cells} | {', '.join(speeds) or '-'} |")
+
+
+def versions_text(versions) -> str:
+    """What the speed column means: each other side's time over the runner's, per round (above 1: the runner is
+    faster)."""
+    return "another side's time / the runner's, per round" if len(versions) > 1 else "one side only"
 
 
 if __name__ == "__main__":
