@@ -35,6 +35,7 @@ class ElasticConfig:
     not the run. The launcher restarts the tasks that remain from that checkpoint, with the same global batch (under
     parameter_server: a lost parameter server restarts every task at the same size)."""
 
+    # true: the job trains on through a lost worker, from the last checkpoint
     enabled: bool = False
     min_workers: int = ranged(1, ge=1)  # fewer left than this ends the job (exit 3), as a loss does without elasticity
     max_restarts: int = ranged(3, ge=0)  # the losses a job trains through; the next one ends it (exit 3)
@@ -59,6 +60,7 @@ class TFConfigClusterConfig(ClusterConfig):
 
 @dataclass
 class LocalhostClusterConfig(ClusterConfig):
+    # worker processes the launcher starts (Ray: as actors)
     workers: int = ranged(2, ge=1)
     ps: int = ranged(0, ge=0)  # parameter_server: number of ps tasks (1 or more)
     chief: bool = False  # parameter_server always gets a chief: the coordinator
@@ -80,6 +82,7 @@ class RayClusterConfig(LocalhostClusterConfig):
 @dataclass
 class SlurmClusterConfig(ClusterConfig):
     start_timeout_sec: float = ranged(300.0, gt=0)  # 300 s under Slurm (the other clusters: 120 s)
+    # the first TCP port of the tasks' addresses: each task of a node takes the next one
     port_base: int = ranged(8888, ge=1, le=65535, why="it is a TCP port")
     ps: int = ranged(0, ge=0)  # with parameter_server: the first `ps` Slurm tasks become ps, the next one the chief
     gpus_per_node: int | None = ranged(None, ge=0, null="the GPUs TensorFlow sees")  # None: the GPUs TensorFlow sees on this node
@@ -93,7 +96,9 @@ class SlurmClusterConfig(ClusterConfig):
 @dataclass
 class TPUClusterConfig(ClusterConfig):
     tpu: str = "local"  # TPU name, grpc://host:port address, or "local" on a TPU VM
+    # the TPU's Google Cloud zone; null: from the TPU VM's metadata
     zone: str | None = None
+    # the TPU's Google Cloud project; null: from the TPU VM's metadata
     project: str | None = None
     connect_timeout_sec: float = ranged(30.0, gt=0)  # an address with nothing behind it hangs: give up after this
 

@@ -24,6 +24,7 @@ class Verbose(StrEnum):
 @dataclass
 class ExecutorConfig:
     name: str = MISSING
+    # progress: auto (a bar on a terminal, else lines), 0 nothing, 1 Keras' bar, 2 a line every train.log_every_n_steps steps
     verbose: str = choice(Verbose, "auto")
 
 

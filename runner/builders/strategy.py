@@ -52,6 +52,7 @@ class Partitioner(StrEnum):
 
 @dataclass
 class VariablePartitionerConfig:
+    # how ParameterServerStrategy splits large variables over the ps tasks (tf.distribute.experimental.partitioners)
     kind: str = choice(Partitioner, "none")
     num_shards: int = ranged(2, ge=1)  # fixed_shards
     min_shard_bytes: int = ranged(256 << 10, ge=1)  # min_size

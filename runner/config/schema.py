@@ -37,8 +37,11 @@ class ScheduleConfig:
     """The learning rate over the global step (runner.builders.optimizer): a linear warm-up from 0, then constant or a
     cosine / linear decay to final_fraction x learning_rate; logged as train/learning_rate."""
 
+    # constant, or a cosine or linear decay after the warm-up
     name: str = choice(Schedule, "constant")
+    # steps of linear warm-up from 0 to the learning rate
     warmup_steps: int = ranged(0, ge=0)
+    # steps the decay takes to reach final_fraction
     decay_steps: int | None = ranged(None, ge=1, null="the run's steps after the warm-up")
     final_fraction: float = ranged(0.0, ge=0, le=1)  # the decay's end, as a fraction of learning_rate
     # your own instead: a LearningRateSchedule class of the model's Keras (or a function returning one), called with
@@ -49,9 +52,11 @@ class ScheduleConfig:
 
 @dataclass
 class OptimizerConfig:
+    # the Keras optimizer of the model's Keras
     name: str = choice(Optimizer, "sgd")
     learning_rate: float = ranged(0.05, gt=0)  # the peak, when a schedule is set
     momentum: float = ranged(0.0, ge=0, lt=1)  # sgd and rmsprop
+    # clip each gradient to this norm
     clipnorm: float | None = ranged(None, gt=0, null="no clipping")
     weight_decay: float | None = ranged(None, ge=0, null="the optimizer's own (adamw: 0.004, the others: none)")  # decoupled
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -96,6 +101,7 @@ class RecoveryConfig:
 
 @dataclass
 class TrainConfig:
+    # passes over the training data (of train.steps_per_epoch steps each)
     epochs: int = ranged(2, ge=1)
     steps_per_epoch: int | None = ranged(None, ge=1, null="one pass over the data")  # None: training examples // global batch
     global_batch_size: int = ranged(64, ge=1)  # split across replicas, as the guide describes
@@ -108,6 +114,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    # seed of the weights' initialisation, the shuffling and dropout
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
     # k micro-batches per update, gradients summed: the update of the whole global batch with a k-th of the activations
     # in memory at a time (runner.executors.accumulation); must divide train.global_batch_size
@@ -115,7 +122,9 @@ class TrainConfig:
     # steps per tf.function call, fit's Model.compile(steps_per_execution=...) and the custom loop's; auto: as many as
     # keep every logged step exact, up to AUTO_STEPS_CAP (runner.executors.per_call); a number wins
     steps_per_execution: int | str = ranged("auto", ge=1, why="or auto (the default), which picks it")
+    # the custom loop's steps per tf.function call (steps_per_execution is fit's)
     steps_per_loop: int | str = ranged("auto", ge=1, why="or auto (the default), which picks it")
+    # metrics (loss, per-replica losses, throughput) are logged to MLflow every this many steps
     log_every_n_steps: int = ranged(10, ge=1)
     mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
     # XLA for the training step: true or false; null: each Keras' own default (tf_keras fit and the custom loop: off;
@@ -129,6 +138,7 @@ class TrainConfig:
 
 @dataclass
 class MlflowConfig:
+    # the MLflow experiment the run goes to (created when missing)
     experiment_name: str = "runner"
     run_name: str | None = None  # None: MLflow picks a name
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here
@@ -140,6 +150,7 @@ class MlflowConfig:
     # MLflow's own system metrics (CPU, memory, disk, network; GPU where nvidia-ml-py finds one), sampled in the MLflow
     # process for the run this process owns, as system/* metrics
     system_metrics: bool = True
+    # the system metrics' sampling period
     system_metrics_every_sec: float = ranged(5.0, ge=1, why="each sample also reads the run back from the store")
     # the trained model as an MLflow model (pyfunc over model.keras, runner.mlflow_process.model): loadable and servable
     log_model: bool = True
@@ -148,9 +159,11 @@ class MlflowConfig:
 
 @dataclass
 class CheckpointConfig:
+    # false: no checkpoints (resume= and elastic training need them)
     enabled: bool = True
     dir: str | None = None  # None: <output_dir>/checkpoints (runner.config.layout)
     every_n_steps: int | None = ranged(None, ge=1, null="at the end of each epoch")  # custom loop (fit: always per epoch)
+    # checkpoints kept; older ones are deleted
     max_to_keep: int = ranged(3, ge=1, why="the newest checkpoint is what resume= continues from")
     # also keep, in <dir>/best, the checkpoint where train.early_stopping.monitor was best (evaluated after each epoch)
     keep_best: bool = False
@@ -186,6 +199,7 @@ class SweepConfig:
     # a job that failed: the sweep goes on (continue) or starts no further job (stop); a job ended by a fault (a lost
     # peer, a signal: killed, out of memory, preempted) runs again from its checkpoint up to `retries` times
     on_failure: str = choice(OnFailure, "continue")
+    # runs again of a job ended by a fault (see on_failure)
     retries: int = ranged(0, ge=0)
     # how many jobs run side by side (Hydra's basic launcher): the next starts the moment one ends, and each keeps to
     # its own share of the CPUs (and GPUs); no more than there are CPUs

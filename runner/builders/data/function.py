@@ -39,8 +39,11 @@ class FunctionTask(StrEnum):
 class FunctionDataConfig(DataConfig):
     _target_: str = MISSING  # the dotted path of your function: my_package.module.function
     kwargs: dict[str, Any] = field(default_factory=dict)  # its keyword arguments (+data.kwargs.<name>=... adds one)
+    # auto: classification for integer labels, else regression
     task: str = choice(FunctionTask, "auto")
+    # classification: the number of classes
     num_classes: int | None = ranged(None, ge=2, null="the labels' largest value + 1 (arrays only)")
+    # training examples the function's dataset holds (it cannot be counted without reading it)
     train_examples: int | None = ranged(None, ge=1, null="train.steps_per_epoch sets the steps (a dataset)")
     eval_fraction: float = ranged(0.2, gt=0, lt=1)  # arrays without x_eval, y_eval: the share held out for eval
     seed: int = ranged(0, ge=0, le=UINT32_MAX)  # which examples data.eval_fraction holds out

@@ -119,9 +119,11 @@ class ColorMode(StrEnum):  # data=image_folder's data.color_mode: the channels i
 class ImageFolderDataConfig(DataConfig):
     train_dir: str = MISSING  # one sub-folder per class, the images in it (.png .jpg .jpeg .bmp .gif)
     eval_dir: str | None = None  # the same class sub-folders; null: eval_fraction of train_dir is held out
+    # without eval_dir: the share of each class's files held out for evaluation
     eval_fraction: float = ranged(0.2, gt=0, lt=1)
     seed: int = ranged(0, ge=0, le=UINT32_MAX)  # which files data.eval_fraction holds out
     image_size: list[int] | None = ranged(None, ge=1)  # [height, width], required: every image is resized to it
+    # the channels images are decoded to: rgb 3, grayscale 1, rgba 4
     color_mode: str = choice(ColorMode, "rgb")
     scale: Any = None  # pixels are cast to float32 and multiplied by it: a number or a fraction; null: 1/255
     verify_images: bool = True  # before TensorFlow starts, read each file's first bytes: is it an image?

@@ -15,36 +15,54 @@ from runner.errors import ConfigError
 
 @dataclass
 class OnesDataConfig(DataConfig):
+    # training examples
     num_examples: int = ranged(100, ge=1)
+    # evaluation examples
     eval_examples: int = ranged(100, ge=1)
 
 
 @dataclass
 class SyntheticDataConfig(DataConfig):
+    # classification: integer labels; regression: real-valued targets
     task: str = choice(Task, "classification")
+    # training examples
     num_examples: int = ranged(4096, ge=1)
+    # evaluation examples, drawn apart from the training ones
     eval_examples: int = ranged(1024, ge=1)
+    # features per example
     num_features: int = ranged(20, ge=1)
+    # classes (classification) or targets (regression)
     num_classes: int = ranged(4, ge=2, why="classification needs two classes or more")
+    # standard deviation of the Gaussian noise added to the linear map
     noise: float = ranged(0.1, ge=0)
+    # seed of the generated data, or of which examples eval_fraction holds out
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
 
 
 @dataclass
 class DigitsDataConfig(DataConfig):
+    # the share of the examples held out for evaluation
     eval_fraction: float = ranged(0.2, gt=0, lt=1)
+    # seed of the generated data, or of which examples eval_fraction holds out
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
 
 
 @dataclass
 class NpzDataConfig(DataConfig):
+    # the .npz file (np.savez): its arrays are named by the keys below
     path: str = MISSING
+    # classification: integer labels; regression: real-valued targets
     task: str = choice(Task, "classification")
+    # the file's array of training features
     x_train: str = "x_train"
+    # the file's array of training labels
     y_train: str = "y_train"
     x_eval: str = "x_eval"  # when absent from the file, eval_fraction of the training arrays is held out
+    # the file's array of evaluation labels
     y_eval: str = "y_eval"
+    # the share of the examples held out for evaluation
     eval_fraction: float = ranged(0.2, gt=0, lt=1)
+    # seed of the generated data, or of which examples eval_fraction holds out
     seed: int = ranged(0, ge=0, le=UINT32_MAX)
 
 

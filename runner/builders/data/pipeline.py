@@ -42,10 +42,16 @@ class Task(StrEnum):
 @dataclass
 class DataConfig:
     name: str = MISSING
+    # tf_data: a tf.data pipeline, distributed by the strategy; numpy: NumPy arrays to fit (the custom loop: a dataset of them);
+    # from_function: the strategy's distribute_datasets_from_function, one pipeline per input context
     input: str = choice(Input, "tf_data")
+    # shuffle the training examples each epoch (seeded by train.seed)
     shuffle: bool = True
+    # examples in tf.data's shuffle buffer (at most the number of examples; files are shuffled whole too)
     shuffle_buffer: int = ranged(10_000, ge=1, why="set data.shuffle=false not to shuffle")
+    # keep the decoded training examples in memory after the first epoch (tf.data cache)
     cache: bool = False
+    # prepare the next batches while a step runs (tf.data prefetch, AUTOTUNE)
     prefetch: bool = True
 
 

@@ -221,7 +221,10 @@ class TFRecordDataConfig(DataConfig):
     features: Any = None
     label: str | None = None  # the feature that is the label; null: the spec file's
     task: str = choice(SpecTask, "auto")  # auto: the spec file's, else classification
+    # classification: the number of classes
     num_classes: int | None = ranged(None, ge=2, null="the spec file's")
+    # how workers split the input (tf.data AutoShardPolicy): auto, file (each worker its own files), data (every worker reads all,
+    # keeps its share), off
     shard_policy: str = choice(ShardPolicy, "auto")
     num_parallel_reads: int = ranged(4, ge=1)  # files read at once (interleave)
     record_ids_dir: str | None = None  # debug: log the `id` of every record each replica trains on, one file per task
