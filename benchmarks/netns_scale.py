@@ -15,7 +15,7 @@ model save off: the figures are the cluster's). From each worker's `phases:` lin
   process (strategy=default) on the same per-worker batch.
 
 On a machine with fewer cores than workers the step time measures CPU contention as much as the network: read the
-growth with N with that in mind (docs/benchmarks.md).
+growth with N with that in mind (docs/dev/benchmarks.md).
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
     python -m benchmarks.paired --strategy central_storage --rounds 16
 
-Separate processes on this VM differ by 5-8% from run to run (docs/benchmarks.md), which hides a 2% cost.
+Separate processes on this VM differ by 5-8% from run to run (docs/dev/benchmarks.md), which hides a 2% cost.
 Here every loop trains the same model on the same data in one process. Each is timed in chunks of calls,
 alternating, with the order rotated each round, and each round's time is divided by the guide's in the same
 round. Prints the median time per call and the median of those paired ratios.

@@ -4,7 +4,7 @@
     python -m benchmarks.run --quick    # tiny sizes, one round: checks that everything runs
     python -m benchmarks.run --sections hand --strategies mirrored,central_storage --rounds 11   # rerun some rows
 
-Writes a Markdown table (docs/benchmarks.md by default, machine description included) and logs the
+Writes a Markdown table (docs/dev/benchmarks.md by default, machine description included) and logs the
 figures to MLflow (experiment "benchmarks"). Each measurement is a fresh process, as real runs are.
 Throughput is examples / training time: from the training call (Model.fit, or the custom loop with its
 iterator) to the end of its last step, first step and tracing included, measured the same way on both sides.
@@ -139,7 +139,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--global-batch", type=int, default=256)
-    p.add_argument("--out", default=None, help="default: docs/benchmarks.md for a full run, ./benchmarks-partial.md otherwise")
+    p.add_argument("--out", default=None, help="default: docs/dev/benchmarks.md for a full run, else ./benchmarks-partial.md")
     p.add_argument("--tracking-uri", default=None, help="where to log the figures (default: ./mlflow.db)")
     p.add_argument(
         "--sections",
@@ -166,7 +166,7 @@ def main(argv=None):
     b = Bench(args.steps, args.global_batch, args.rounds, workdir)
     strategies = [(s, n) for s, n in STRATEGIES if s in chosen]
     full = sections == SECTIONS and len(chosen) == len(STRATEGIES)
-    args.out = args.out or (os.path.join(HERE, "..", "docs", "benchmarks.md") if full else "benchmarks-partial.md")
+    args.out = args.out or (os.path.join(HERE, "..", "docs", "dev", "benchmarks.md") if full else "benchmarks-partial.md")
     figures, lines = {}, []
     say = lambda text: print(text, flush=True)  # noqa: E731
 

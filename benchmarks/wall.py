@@ -236,7 +236,7 @@ def main(argv=None):
     p.add_argument("--rows", default=None, help="only these rows, by index (0,1: the default strategy's two executors)")
     p.add_argument("--against", default=None, help="another checkout of the runner (git worktree add DIR COMMIT): its "
                    "MLflow on / off sides, and its sweep, interleaved with this one's in the same rounds")  # fmt: skip
-    p.add_argument("--out", default=None, help="Markdown file to write (default: docs/benchmarks-wall.md, or "
+    p.add_argument("--out", default=None, help="Markdown file to write (default: docs/dev/benchmarks-wall.md, or "
                    "docs/benchmarks-wall-compute.md with --compute-bound; none with --quick)")  # fmt: skip
     args = p.parse_args(argv)
     if args.against and not os.path.isfile(os.path.join(args.against, "runner", "__init__.py")):
@@ -380,7 +380,7 @@ def main(argv=None):
             say(f"| {steps} | {sum(phases.get(k, 0.0) for k in AFTER_TRAINING):.2f} | {phases.get('mlflow end', 0.0):.2f} |")
     name = "benchmarks-wall-compute.md" if args.compute_bound else "benchmarks-wall.md"
     partial = args.quick or args.only_sweep or args.only_end  # not the whole page: printed, written only with --out
-    out = args.out or (None if partial else os.path.join(HERE, "..", "docs", name))
+    out = args.out or (None if partial else os.path.join(HERE, "..", "docs", "dev", name))
     if out:
         from benchmarks.run import machine
 

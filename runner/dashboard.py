@@ -1,7 +1,7 @@
 """`python -m runner.dashboard`: the MLflow UI for the runner's store, on 127.0.0.1.
 
 Starts `mlflow server` with one worker and no job execution (up several times faster, in a fraction of the
-memory: docs/benchmarks.md) in its own process group, waits until its /health answers, then prints the address of the
+memory: docs/dev/benchmarks.md) in its own process group, waits until its /health answers, then prints the address of the
 model-training view (MLflow 3 opens experiments in a GenAI view). Quiet by default: no line per HTTP request,
 no deprecation warnings from the server's libraries, and not `mlflow server`'s start-up notice about its security
 middleware (the defaults, localhost only); every other line the server writes comes through (--verbose shows all).

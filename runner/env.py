@@ -58,7 +58,7 @@ def spread_malloc_arenas() -> bool:
     small machine TensorFlow starts far more threads than that. Which thread got the main thread's arena depended
     on the order threads first allocated (MLflow's threads shifted it), and a busy compute thread sharing it made
     the Python thread that runs the steps pay for consolidating that thread's freed chunks: the same run was
-    slower at random (docs/benchmarks-wall.md). glibc fixes its limit once a few threads have allocated, so this
+    slower at random (docs/dev/benchmarks-wall.md). glibc fixes its limit once a few threads have allocated, so this
     runs first (later, it is accepted and ignored). A limit the user set (MALLOC_ARENA_MAX, GLIBC_TUNABLES) is kept.
     """
     if not glibc():

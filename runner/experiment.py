@@ -52,7 +52,7 @@ def _import_tensorflow(devices_cfg):
     """Import TensorFlow and lay out devices, with its C++ start-up chatter hidden."""
     with native_stderr_captured():
         # The import makes hundreds of thousands of long-lived objects, and the collector rescans them again and
-        # again as they pile up (docs/benchmarks.md). Collect nothing during it, then keep them out of its way.
+        # again as they pile up (docs/dev/benchmarks.md). Collect nothing during it, then keep them out of its way.
         gc.disable()
         try:
             import tensorflow as tf

@@ -1,6 +1,6 @@
 """Every private TensorFlow / tf_keras name the runner touches, in one place, each with its public fallback.
 
-They are kept only where they make the training loop measurably faster (docs/benchmarks.md, "Why the executors
+They are kept only where they make the training loop measurably faster (docs/dev/benchmarks.md, "Why the executors
 are built this way") or where TensorFlow offers no public way at all (resuming Model.fit inside an epoch; asking
 a PreemptionCheckpointHandler whether it acts on this platform).
 tests/unit/test_tf_private.py fails loudly when a TensorFlow release moves any of them; until then the fallbacks keep

@@ -5,12 +5,29 @@ server, and read the results back. Fixtures are in conftest.py."""
 import copy
 import functools
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# README and the documentation site's guide pages (docs/*.md; not the generated reference nor docs/dev/'s history): the
+# pages whose commands tests/e2e/test_readme.py runs, README first
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def doc_text() -> str:
+    """README and the guide pages, one after the other."""
+    return "\n".join(page.read_text() for page in DOC_PAGES)
+
+
+def doc_section(title: str) -> str:
+    """The text under the guide heading `title` (any level), up to the next heading."""
+    text = doc_text()
+    match = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", text, re.S | re.M)
+    assert match, f"no section {title!r} in README or docs/*.md"
+    return match.group(1)
 
 
 def runner_imports(argv, modules=("tensorflow",), cwd=ROOT, timeout=120):

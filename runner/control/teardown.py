@@ -2,7 +2,7 @@
 
 Destroying a tf.data iterator waits for tf.data's autotuning thread, which sleeps between optimisation rounds
 (the pause doubles up to a minute) and is not woken when the iterator is cancelled: the main thread blocks for
-0 to 13 s at random when the training iterator goes away (measured in docs/benchmarks.md). So iterators are
+0 to 13 s at random when the training iterator goes away (measured in docs/dev/benchmarks.md). So iterators are
 kept (`keep`) until the process ends, and a process that is not a task of a TensorFlow cluster ends with
 os._exit once its output is flushed (`exit`), skipping that wait and the rest of TensorFlow's teardown.
 Tasks of a cluster (TF_CONFIG set) exit normally: TensorFlow's coordination service expects an orderly shutdown.

@@ -119,7 +119,7 @@ def concrete_per_iterator(fn):
 
     Same graph, same results. What it skips is the Python that every call of a tf.function, or of its concrete
     function, spends matching the arguments to the signature and flattening the iterator into its resource
-    handles: a large share of a short step, more so for a distributed iterator (docs/benchmarks.md). The
+    handles: a large share of a short step, more so for a distributed iterator (docs/dev/benchmarks.md). The
     iterator's handles are the same for its whole life, so they are flattened once (tf_private.flat_caller).
     The iterator is kept until the process ends (runner.control.teardown: destroying it can block for seconds).
     """

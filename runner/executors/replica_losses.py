@@ -2,7 +2,7 @@
 on its own device.
 
 The step writes one scalar per replica, locally, with no cross-device op; the host reads the copies only when
-metrics are logged. (An all-gather in every step made MirroredStrategy's step much slower: docs/benchmarks.md. The
+metrics are logged. (An all-gather in every step made MirroredStrategy's step much slower: docs/dev/benchmarks.md. The
 custom loop needs none of this: it stacks the replicas' shares of the loss on the host instead.)
 """
 

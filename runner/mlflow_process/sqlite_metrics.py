@@ -1,6 +1,6 @@
 """Metric values into a local SQLite store in one transaction per batch (one `executemany`, and the latest value per
 key): the rows MLflow's `log_batch` writes, without its ORM's unit of work, which costs 0.1 ms of CPU per value. On 2
-cores that CPU comes out of training's steps: a 30 000-step run logs 15 000 values or more (docs/benchmarks-wall.md).
+cores that CPU comes out of training's steps: a 30 000-step run logs 15 000 values or more (docs/dev/benchmarks-wall.md).
 
 The one place the runner writes MLflow's tables (its private schema, read from the installed MLflow's own table
 definitions, `mlflow==3.17.*` pinned). What it writes is what `SqlAlchemyStore._log_metrics` writes:

@@ -1,9 +1,10 @@
-"""README is a contract: every command in its ```bash blocks runs here, or is listed with the reason it cannot.
+"""README and the documentation are a contract: every command in their ```bash blocks runs here, or is listed with
+the reason it cannot.
 
-The commands are parsed from README.md, never copied: a new or changed command is found by
-test_every_readme_command_has_a_test, and must match a kind below. Each command runs as written, with only
-step-count and output-directory overrides added (TINY, hydra.run.dir / hydra.sweep.dir, --out), in a scratch
-working directory (so README's default store, ./mlflow.db, is a fresh one there), and is checked for what
+The commands are parsed from README.md and the guide pages in docs/ (helpers.DOC_PAGES), never copied: a new or
+changed command is found by test_every_readme_command_has_a_test, and must match a kind below. Each command runs
+as written, with only step-count and output-directory overrides added (TINY, hydra.run.dir / hydra.sweep.dir,
+--out), in a scratch working directory (so README's default store, ./mlflow.db, is a fresh one there), and is checked for what
 README says it does: exit code, MLflow runs and metrics, files written.
 """
 
@@ -28,7 +29,17 @@ import numpy as np
 import pytest
 import yaml
 
-from helpers import ELASTIC, ROOT, free_port, live_group_members, processes_with, serve_and_predict, write_bmp, write_image_folder
+from helpers import (
+    ELASTIC,
+    ROOT,
+    doc_text,
+    free_port,
+    live_group_members,
+    processes_with,
+    serve_and_predict,
+    write_bmp,
+    write_image_folder,
+)
 
 README = ROOT / "README.md"
 TINY = ["train.epochs=1", "train.steps_per_epoch=2"]  # README's commands, at two steps
@@ -36,8 +47,9 @@ GROUPS = {p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != 
 
 
 def readme_commands():
-    """Each command of README's ```bash blocks as a token list (continuations joined, comments dropped)."""
-    commands, block, lines = [], False, README.read_text().splitlines()
+    """Each command of the ```bash blocks of README and the guide pages (helpers.DOC_PAGES) as a token list
+    (continuations joined, comments dropped), once each, in the order the pages show them (README first)."""
+    commands, block, lines = [], False, doc_text().splitlines()
     pending = ""
     for line in lines:
         if line.startswith("```"):
@@ -50,7 +62,7 @@ def readme_commands():
             continue
         tokens = shlex.split(pending + line, comments=True)
         pending = ""
-        if tokens:
+        if tokens and tokens not in commands:
             commands.append(tokens)
     return commands
 
@@ -276,7 +288,7 @@ def run_user_config(scratch, tokens):
     """README's own-code commands as printed from the clone's root (PYTHONPATH=tests/user_project, a searchpath
     there): run in a scratch directory that holds tests/user_project as the clone does; README's YAML block is that
     folder's file."""
-    text = README.read_text()
+    text = doc_text()
     block = re.search(r"```yaml\n# (tests/user_project/\S+)\n(.*?)```", text, re.S)
     assert block, "README's tests/user_project/ YAML example not found"
     shown = [line for line in block.group(2).splitlines() if not line.startswith("#")]

@@ -1,6 +1,6 @@
 """benchmarks/scale.py writes its GBs of records with a protobuf encoder of its own (tf.train.Example through
 Python would take hours): its records must be what data=tfrecord's own reader sees as Examples. The runs it times
-are README's data=tfrecord runs at scale; its figures are in docs/benchmarks.md."""
+are README's data=tfrecord runs at scale; its figures are in docs/dev/benchmarks.md."""
 
 import numpy as np
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import CLUSTER_TINY, ELASTIC, ROOT, check_elastic_run, mlflow_run_by_name
+from helpers import CLUSTER_TINY, ELASTIC, ROOT, check_elastic_run, doc_text, mlflow_run_by_name
 from slurm_cluster import free_port_run
 
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ def test_parameter_server_under_srun_ends_when_the_chief_is_done(slurm, store):
 
 def _readme_sbatch_script(elastic=False):
     """README's sbatch script (a ```sh block starting #!/bin/bash, #SBATCH): the elastic one, or the other one."""
-    scripts = re.findall(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
+    scripts = re.findall(r"```sh\n(#!/bin/bash\n#SBATCH.*?)```", doc_text(), re.S)
     found = [s for s in scripts if ("cluster.elastic.enabled=true" in s) == elastic]
     assert len(found) == 1, f"README's {'elastic ' if elastic else ''}sbatch script not found (or found twice)"
     return found[0]

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from runner.config import validate
 from runner.errors import ConfigError
 
-from helpers import composed
+from helpers import composed, doc_section
 
 USER = os.path.join(os.path.dirname(__file__), "..", "..", "user_project")
 TRUE_CLASS = {"_target_": "my_metrics.true_class_probability"}
@@ -182,11 +182,9 @@ def test_a_monitor_of_ones_own_metric_composes_and_validates_from_the_command_li
 
 
 def test_readmes_yaml_composes_and_validates():
-    import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("### Your own loss, metrics and optimizer", 1)[1].split("\n### ", 1)[0]
+    section = doc_section("Your own loss, metrics and optimizer")
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     cfg = OmegaConf.merge(composed(), OmegaConf.create(block))
     validate.check_config(cfg)
