@@ -34,6 +34,13 @@ class DataError(RunnerError):
     exit_code = 5
 
 
+class UserCodeError(RunnerError):
+    """Your own code (a `_target_`: a callback, a loss, a metric, a data function) raised during training; the
+    message names its key, its error and where in your file, and the last checkpoint is kept."""
+
+    exit_code = 6
+
+
 class DataRefused(DataError):
     """data.verify found a damaged record before training: the file and record are named, nothing was trained."""
 

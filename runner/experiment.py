@@ -13,6 +13,7 @@ import platform
 
 from omegaconf import DictConfig
 
+from runner.builders import own_code
 from runner.config import layout
 from runner.control import contract, stopping
 from runner.env import native_stderr_captured
@@ -115,11 +116,11 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
         phases.mark("mlflow start")
         try:
             summary = _train(cfg, tf, devices, cluster, run, sentinel, chosen)
-        except Exception as err:  # a peer lost (exit 3) or a damaged record (exit 5), named: not TensorFlow's trace
+        except Exception as err:  # a peer lost (3), a damaged record (5), your code raising (6): named, not a trace
             told = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
-            told = told or faults.damaged_data(
-                err, cfg.data, getattr(run, "last_step", None), cfg.output_dir, _checkpoints_of(cfg)
-            )
+            step = getattr(run, "last_step", None)
+            told = told or faults.damaged_data(err, cfg.data, step, cfg.output_dir, _checkpoints_of(cfg))
+            told = told or own_code.raised(err, cfg, step, cfg.output_dir, _checkpoints_of(cfg))
             if told is None:
                 raise
             raise told from err  # TensorFlow's trace goes to the run's error.txt (tracking.mlflow_run), not the terminal

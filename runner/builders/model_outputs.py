@@ -59,17 +59,35 @@ def _shape(t) -> tuple:
     return tuple(None if d is None else int(d) for d in tuple(t.shape))
 
 
-def output_shape(model, x_probe) -> tuple[tuple | None, np.ndarray | None]:
-    """(the output's shape without the batch, None for several outputs; the probe's output where the model was
-    called for it: a subclassed model's)."""
+def _several(out) -> str | None:
+    """What a model's output is when it is not one tensor (a dict, or a list of several), else None."""
+    if isinstance(out, dict):
+        return f"a dict of outputs ({', '.join(map(str, out))})"
+    if isinstance(out, (list, tuple)) and len(out) != 1:
+        return f"{len(out)} outputs"
+    return None
+
+
+def output_shape(model, x_probe, target: str = "?") -> tuple[tuple | None, np.ndarray | None]:
+    """(the output's shape without the batch; the probe's output where the model was called for it: a subclassed
+    model's). A model of several outputs, or of a dict of them, is refused: the runner trains one output with one
+    loss, and the executors would fail inside the step on the structure."""
     outputs = _symbolic(model, "outputs")
+    try:  # the symbolic output's structure (not its truth: a KerasTensor has none)
+        out = model.output if outputs is not None else model(x_probe, training=False)
+    except (AttributeError, ValueError):
+        out = outputs
+    several = _several(out)
+    if several:
+        raise ConfigError(
+            f"model._target_={target!r} returns {several}: the runner trains a model of one output tensor, with one "
+            "loss. Return that tensor (keras.Model(inputs, outputs['logits']), or the one output a subclassed call "
+            "returns). Nothing was trained."
+        )
     if outputs is None:
-        out = model(x_probe, training=False)
-        if isinstance(out, (list, tuple, dict)):
-            return None, None
-        out = np.asarray(out)
+        out = np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
         return tuple(out.shape[1:]), out
-    return (None if len(outputs) != 1 else _shape(outputs[0])[1:]), None
+    return _shape(outputs[0])[1:], None
 
 
 def _sums_to_one(out) -> bool:
@@ -112,7 +130,7 @@ def check_output(model, target: str, loss, num_outputs: int, task: str, x_probe)
     built-in losses should take."""
     from runner.builders.loss import is_target
 
-    shape, probed = output_shape(model, x_probe)
+    shape, probed = output_shape(model, x_probe, target)
     width = shape[-1] if shape else None
     kind, said = output_kind(model, width)
     if kind == LOGITS and _sums_to_one(probed):

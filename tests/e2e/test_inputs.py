@@ -98,14 +98,18 @@ CASES = {
 }
 
 
+# a user's callback that raises at the first epoch's end: run beside CASES, in the same pool
+FAILING = {"user-callback-raises": [*FAST, "executor.callbacks=[{_target_:my_callbacks.FailsAtEpochEnd}]"]}
+
+
 @pytest.fixture(scope="module")
 def results(runner):
     done = runner.many(
-        {name: [*args, f"mlflow.experiment_name={EXPERIMENT}"] for name, args in CASES.items()},
+        {name: [*args, f"mlflow.experiment_name={EXPERIMENT}"] for name, args in {**CASES, **FAILING}.items()},
         env_extra={"PYTHONPATH": str(USER)},
     )
     for name, result in done.items():
-        assert result.returncode == 0, f"{name} failed:\n{result.output[-3000:]}"
+        assert name in FAILING or result.returncode == 0, f"{name} failed:\n{result.output[-3000:]}"
     return done
 
 
@@ -204,3 +208,17 @@ def test_plain_install_ships_conf_and_runs_from_any_directory(tmp_path):
     assert "name: central_storage" in result.stdout
     assert "_target_: runner.models.cnn" in result.stdout
     assert (target / "runner" / "conf" / "strategy" / "tpu.yaml").is_file()
+
+
+def test_a_users_callback_that_raises_mid_training_ends_in_one_paragraph_naming_it(results, runner):
+    """runner.builders.own_code: exit 6, the key, the target, the error's own line and where in the user's file;
+    no traceback; the run FAILED with the error, the checkpoint of the epoch before kept."""
+    result = results["user-callback-raises"]
+    assert result.returncode == 6, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    said = "executor.callbacks[0]._target_='my_callbacks.FailsAtEpochEnd' raised during training at step 8: "
+    assert said in result.stderr and "RuntimeError: no room left for epoch 0's log" in result.stderr, result.stderr
+    assert f"{USER / 'my_callbacks.py'}, line " in result.stderr
+    assert "the latest checkpoint is step 8" in result.stderr and "resume=" in result.stderr
+    _, run = mlflow_run_by_name(runner.uri, EXPERIMENT, "user-callback-raises")
+    assert run.info.status == "FAILED" and "FailsAtEpochEnd" in run.data.tags.get("error", "")

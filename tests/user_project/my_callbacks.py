@@ -19,3 +19,10 @@ class EpochLog(tf_keras.callbacks.Callback):
 
 class NotACallback:
     """What a wrong _target_ returns."""
+
+
+class FailsAtEpochEnd(tf_keras.callbacks.Callback):
+    """A hook that breaks mid-training (tests/e2e/test_inputs.py): the run ends in one paragraph naming it, exit 6."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        raise RuntimeError(f"no room left for epoch {epoch}'s log")

@@ -89,6 +89,12 @@ def test_the_probe_before_the_first_step_refuses_it_in_plain_python(tf):
     check_user_loss({"_target_": "my_losses.smoothed_crossentropy"}, model, data, tf_keras)  # per example: fine
     with pytest.raises(ConfigError, match="gave one number per batch"):
         check_user_loss({"_target_": "my_losses.batch_mean_crossentropy"}, model, data, tf_keras)
+    with pytest.raises(ConfigError) as err:  # raises on the data's own first examples: named, nothing trained
+        check_user_loss({"_target_": "my_losses.raising_loss"}, model, data, tf_keras)
+    assert str(err.value).startswith("train.loss._target_='my_losses.raising_loss' failed on the model's output")
+    assert "ValueError: labels and outputs disagree" in str(err.value)
+    with pytest.raises(ConfigError, match="gives no gradient for any of the model's weights"):
+        check_user_loss({"_target_": "my_losses.gradientless_loss"}, model, data, tf_keras)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ against the classes or targets, and softmax / sigmoid last layers read as probab
 Sequential, functional and subclassed models. In process: imports TensorFlow (slow)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -90,6 +91,16 @@ def test_a_model_that_does_not_fit_the_data_names_its_layer_and_the_datas_figure
         check_input(integers, "m.f", (6,), np.dtype("float32"))
     check_input(three, "m.f", (6,), np.dtype("float32"))
     check_output(three, "m.f", {"_target_": "my_losses.any"}, 4, "classification", X)  # a user's loss: its own reading
+    inputs = k.Input(shape=(6,))
+    head = k.layers.Dense(3)(inputs)
+    several = {  # one loss trains one output: a dict of them, or two, fail inside the step otherwise
+        "a dict of outputs (logits)": k.Model(inputs, {"logits": head}),
+        "2 outputs": k.Model(inputs, [head, k.layers.Dense(1)(inputs)]),
+    }
+    for said, model in several.items():
+        with pytest.raises(ConfigError, match=r"model._target_='m.f' returns " + re.escape(said)):
+            check_output(model, "m.f", "sparse_categorical_crossentropy", 3, "classification", X)
+    assert check_output(k.Model(inputs, [head]), "m.f", "sparse_categorical_crossentropy", 3, "classification", X)
 
 
 @pytest.mark.parametrize("flavor", ["tf_keras", "keras3"])

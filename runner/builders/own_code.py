@@ -1,0 +1,132 @@
+"""Your own code that raises during training: one paragraph naming the key, its `_target_`, the error's own line and
+where in your file, instead of a Python or TensorFlow traceback (UserCodeError, exit 6).
+
+The checks before the first step call the model, the loss and the metrics once; what fails only later (a callback's
+hook, a batch the probe did not see, a data function's generator part-way through) is told from the error itself:
+a Python frame in the file of a `_target_`'s module, or, for an error raised while TensorFlow traced or ran a step,
+its `in user code: File "<path>", line N` note naming that file. Files of installed libraries and of the runner are
+never "yours", so a built-in `_target_` (tf_keras.metrics.AUC) is left to the other handlers. No TensorFlow here.
+"""
+
+import importlib.util
+import os
+import re
+import sysconfig
+import traceback
+
+from runner.config import layout
+from runner.errors import RunnerError, UserCodeError
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_ERROR_LINE = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\w*): (.+)$")
+NO_GRADIENT = "No gradients provided for any variable"
+
+
+def targets(cfg) -> list[tuple[str, str]]:
+    """(key, dotted path) of every `_target_` in the config that names code to run during training."""
+    found = []
+
+    def add(key, node):
+        target = node.get("_target_") if hasattr(node, "get") else None
+        if target:
+            found.append((key, str(target)))
+
+    add("model", cfg.model)
+    if cfg.data.get("name") == "function":
+        add("data", cfg.data)
+    add("train.loss", cfg.train.loss)
+    for i, spec in enumerate(cfg.train.get("metrics") or []):
+        add(f"train.metrics[{i}]", spec)
+    add("train.optimizer", cfg.train.optimizer)
+    add("train.optimizer.schedule", cfg.train.optimizer.schedule)
+    for i, spec in enumerate(cfg.executor.get("callbacks") or []):
+        add(f"executor.callbacks[{i}]", spec)
+    return found
+
+
+def _libraries() -> tuple[str, ...]:
+    """Directories whose files are not the user's: installed packages, the standard library, the runner."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths}
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # runner/
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+
+
+def _module_file(target: str) -> str | None:
+    parts = target.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:i]))
+        except (ImportError, ValueError, AttributeError):
+            continue
+        if spec is not None and spec.origin and os.path.isfile(spec.origin):
+            return os.path.realpath(spec.origin)
+    return None
+
+
+def own_files(cfg) -> dict[str, tuple[str, str]]:
+    """{file: (key, target)} of the config's `_target_`s that are the user's code."""
+    libraries = _libraries()
+    files = {}
+    for key, target in targets(cfg):
+        path = _module_file(target)
+        if path and not path.startswith(libraries):
+            files.setdefault(path, (key, target))
+    return files
+
+
+def _chain(err: BaseException):
+    seen = []
+    while err is not None and err not in seen:
+        seen.append(err)
+        err = err.__cause__ or err.__context__
+    return seen
+
+
+def _places(err: BaseException) -> list[tuple[str, int]]:
+    """(file, line) of every Python frame and every TensorFlow `File "...", line N` note, outermost first."""
+    places = []
+    for e in reversed(_chain(err)):
+        places += [(os.path.realpath(f.filename), f.lineno or 0) for f in traceback.extract_tb(e.__traceback__)]
+        places += [(os.path.realpath(path), int(line)) for path, line in _FILE_LINE.findall(str(e))]
+    return places
+
+
+def error_line(err: BaseException) -> str:
+    """The error's own sentence: the last `SomeError: message` line of its text (TensorFlow puts the user's error
+    last, after its `in user code:` frames), else its type and first line."""
+    text = str(err)
+    lines = [m.group(1).rsplit(".", 1)[-1] + ": " + m.group(2).strip() for m in map(_ERROR_LINE.match, text.splitlines()) if m]
+    said = lines[-1] if lines else f"{type(err).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}".rstrip(": ")
+    return " ".join(said.split())[:400]
+
+
+def raised(err: BaseException, cfg, step=None, output_dir=None, checkpoint_dir=None) -> UserCodeError | None:
+    """A UserCodeError when `err` came from the user's own code (a `_target_`'s file), or is TensorFlow finding no
+    gradient through the user's loss or model; else None (the runner's own errors and everything else)."""
+    if isinstance(err, RunnerError) or not isinstance(err, Exception):
+        return None
+    files = own_files(cfg)
+    if not files:
+        return None
+    at = f" at step {step}" if step else ""
+    resume = f"python -m runner resume={output_dir}" if output_dir else "python -m runner resume=<the run's output directory>"
+    kept = layout.checkpoint_note(checkpoint_dir)
+    owners = {k: (k, t) for k, t in files.values()}
+    if NO_GRADIENT in str(err) and ("train.loss" in owners or "model" in owners):
+        key, target = owners.get("train.loss") or owners["model"]
+        return UserCodeError(
+            f"{key}._target_={target!r}: TensorFlow found no gradient for any of the model's weights{at} (the loss "
+            "does not depend on the model's output in a differentiable way: tf.stop_gradient, a cast to an integer, "
+            "argmax, or NumPy inside it?). The run stopped; "
+            f"{kept}. Fix it, then continue with: {resume}."
+        )
+    hits = [(path, line) for path, line in _places(err) if path in files]
+    if not hits:
+        return None
+    path, line = hits[-1]  # the innermost place in the user's code: where it raised
+    key, target = files[path]
+    return UserCodeError(
+        f"{key}._target_={target!r} raised during training{at}: {error_line(err)} ({path}, line {line}). The run "
+        f"stopped; {kept}. Fix it, then continue with: {resume}."
+    )
