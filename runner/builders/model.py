@@ -160,7 +160,7 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
         raise ConfigError(
             f"model._target_={target!r} returned {type(model).__name__}, not a tf_keras model (nor a Keras 3 one). "
             "Return tf_keras.Model (Keras 2; the runner sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras too), or "
-            'keras.Model (Keras 3: README, "Keras 3 models", says where it trains).'
+            'keras.Model (Keras 3: docs/models.md, "Keras 3 models", says where it trains).'
         )
     if not model.built:  # a subclassed model makes its variables at its first call: make them now, in this scope,
         try:  # so that the optimizer and the checkpoints see them before the first step (not inside it)

@@ -144,7 +144,9 @@ def required_values(cfg):
         group = key.split(".")[0]
         option = group in registry.GROUPS and "name" in cfg[group]
         owner = f"{group}={cfg[group].name} needs it" if option else "it has no default"
-        raise ConfigError(f"{key} is not set, and {owner}: add {key}=<value> to the command (its meaning: README, or --help).")
+        raise ConfigError(
+            f"{key} is not set, and {owner}: add {key}=<value> to the command (its meaning: docs/reference/config.md, or --help)."
+        )
 
 
 @check

@@ -68,7 +68,7 @@ def allocation_size() -> int:
             "cluster=slurm with cluster.elastic.enabled=true starts the workers as job steps of a Slurm allocation, and "
             "this process is in none (SLURM_JOB_ID is not set). Run it inside one: as the batch script's command "
             "(`sbatch --ntasks=3` with `exec python -m runner ... cluster=slurm cluster.elastic.enabled=true` in it, "
-            "README), or `salloc --ntasks=3 python -m runner ...`."
+            "docs/clusters.md), or `salloc --ntasks=3 python -m runner ...`."
         )
     if "SLURM_STEP_ID" in os.environ:
         step_tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1)
