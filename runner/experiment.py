@@ -116,7 +116,7 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
         phases.mark("mlflow start")
         try:
             summary = _train(cfg, tf, devices, cluster, run, sentinel, chosen)
-        except Exception as err:  # a peer lost (3), a damaged record (5), your code raising (6): named, not a trace
+        except (Exception, SystemExit) as err:  # a peer lost (3), a damaged record (5), your code raising or exiting (6)
             told = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
             step = getattr(run, "last_step", None)
             told = told or faults.damaged_data(err, cfg.data, step, cfg.output_dir, _checkpoints_of(cfg))

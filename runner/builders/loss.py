@@ -21,7 +21,7 @@ from enum import StrEnum
 from omegaconf import DictConfig, OmegaConf
 
 from runner.builders.targets import callable_at, per_example_function, probe_examples, reason
-from runner.errors import ConfigError
+from runner.errors import ConfigError, RunnerError
 
 
 class Loss(StrEnum):
@@ -174,7 +174,7 @@ def check_user_loss(spec, model, data, keras) -> None:
     try:
         with tf.GradientTape() as tape:
             value = loss(y, model(x, training=False))
-    except ConfigError:
+    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
         raise
     except Exception as err:  # noqa: BLE001  (the user's loss on the model's output: said in one line)
         if not real:

@@ -21,7 +21,7 @@ import re
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.builders.targets import callable_at, per_example_function, probe_examples, reason
-from runner.errors import ConfigError
+from runner.errors import ConfigError, RunnerError
 
 KEY = "train.metrics"
 KINDS = (
@@ -166,6 +166,8 @@ def check_metrics(
         try:
             metric.update_state(y, y_pred)
             float(metric.result())
+        except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+            raise
         except Exception as err:  # noqa: BLE001  (the user's metric on the model's output: said in one line)
             if not real:
                 continue  # the probe's own zeros: the step, on the real batches, says what is wrong
@@ -187,6 +189,8 @@ def check_metrics(
 
         try:
             tf.function(update)(tf.constant(y), tf.constant(y_pred))
+        except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+            raise
         except Exception as err:  # noqa: BLE001
             raise ConfigError(
                 f"{key}._target_={specs[i].get('_target_')!r} works on plain values but fails inside the traced training "

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from runner.builders.keras_flavor import is_keras3
 from runner.builders.model_args import arguments, called_wrong, data_values
 from runner.builders.targets import callable_at
-from runner.errors import ConfigError
+from runner.errors import ConfigError, RunnerError
 
 log = logging.getLogger("runner")
 
@@ -165,6 +165,8 @@ def build_model(cfg, input_shape, num_outputs, global_batch_size=None, accumulat
     if not model.built:  # a subclassed model makes its variables at its first call: make them now, in this scope,
         try:  # so that the optimizer and the checkpoints see them before the first step (not inside it)
             _build(model, input_shape)
+        except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+            raise
         except Exception as err:
             raise ConfigError(
                 f"model._target_={target!r} built no variables, and building it for the data's input shape "

@@ -186,7 +186,7 @@ def _user_schedule(cfg, keras=None):
     from omegaconf import OmegaConf
 
     from runner.builders.targets import callable_at, reason
-    from runner.errors import ConfigError
+    from runner.errors import ConfigError, RunnerError
 
     if keras is None:
         import tf_keras as keras
@@ -212,10 +212,14 @@ def _user_schedule(cfg, keras=None):
 
     try:
         first = float(schedule(0))
+    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+        raise
     except Exception as err:  # noqa: BLE001  (the user's schedule at step 0: said in one line)
         raise ConfigError(f"{what} failed at step 0: {reason(err)}. Check train.optimizer.schedule.kwargs.") from None
     try:  # the optimizer calls it inside the traced step, where Python or NumPy on the step fails
         tf.function(schedule)(tf.constant(0, tf.int64))
+    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+        raise
     except Exception as err:  # noqa: BLE001
         raise ConfigError(
             f"{what} works on a plain step but fails inside the traced training step: {reason(err)}. Write it with "

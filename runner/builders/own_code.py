@@ -95,6 +95,8 @@ def _places(err: BaseException) -> list[tuple[str, int]]:
 def error_line(err: BaseException) -> str:
     """The error's own sentence: the last `SomeError: message` line of its text (TensorFlow puts the user's error
     last, after its `in user code:` frames), else its type and first line."""
+    if isinstance(err, SystemExit):  # sys.exit() mid-training: the run did not end, whatever the status asked
+        return f"it called sys.exit({err.code!r})"
     text = str(err)
     lines = [m.group(1).rsplit(".", 1)[-1] + ": " + m.group(2).strip() for m in map(_ERROR_LINE.match, text.splitlines()) if m]
     said = lines[-1] if lines else f"{type(err).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}".rstrip(": ")
@@ -103,8 +105,9 @@ def error_line(err: BaseException) -> str:
 
 def raised(err: BaseException, cfg, step=None, output_dir=None, checkpoint_dir=None) -> UserCodeError | None:
     """A UserCodeError when `err` came from the user's own code (a `_target_`'s file), or is TensorFlow finding no
-    gradient through the user's loss or model; else None (the runner's own errors and everything else)."""
-    if isinstance(err, RunnerError) or not isinstance(err, Exception):
+    gradient through the user's loss or model; else None (the runner's own errors and everything else). A SystemExit
+    from the user's code is one too: sys.exit(0) in a callback must not end a half-trained run with exit 0."""
+    if isinstance(err, RunnerError) or not isinstance(err, (Exception, SystemExit)):
         return None
     files = own_files(cfg)
     if not files:

@@ -66,11 +66,13 @@ def probe_examples(data):
 def callable_at(key: str, target, hint: str):
     """The class or function `{key}._target_` names; ConfigError (one paragraph, ending with `hint`: what it may
     name) when it does not import or is neither."""
-    from runner.errors import ConfigError
+    from runner.errors import ConfigError, RunnerError
 
     what = f"{key}._target_={target!r}"
     try:
         fn = locate(str(target))
+    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+        raise
     except Exception as err:
         raise ConfigError(f"{what} cannot be imported ({reason(err)}). {hint}") from None
     if not callable(fn):

@@ -26,7 +26,7 @@ from omegaconf import MISSING, OmegaConf
 from runner.builders.data.pipeline import DataConfig, StreamedData, array_data, finish
 from runner.config.fields import UINT32_MAX, choice, ranged
 from runner.config.registry import register
-from runner.errors import ConfigError
+from runner.errors import ConfigError, RunnerError
 
 
 class FunctionTask(StrEnum):
@@ -58,6 +58,8 @@ def _function(cfg):
     module, _, name = str(cfg._target_).rpartition(".")
     try:
         fn = getattr(importlib.import_module(module), name, None) if module else None
+    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
+        raise
     except Exception as err:  # the user's module itself fails to import
         raise ConfigError(
             f"{WHERE}={cfg._target_!r}: importing {module} failed ({type(err).__name__}: {str(err).splitlines()[0]})."
@@ -95,7 +97,7 @@ def _call(cfg, fn, **given):
         pass
     try:
         return fn(**kwargs)
-    except ConfigError:
+    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
         raise
     except Exception as err:  # the user's own code failed: where, and what it said, in one line
         frame = traceback.extract_tb(err.__traceback__)[-1]

@@ -90,3 +90,25 @@ def test_the_schema_takes_the_users_keys():
     cfg = composed("data=function", "data._target_=my_data.pairs", "+data.kwargs.n=64", "data.num_classes=3")
     assert OmegaConf.to_container(cfg.data.kwargs) == {"n": 64} and cfg.data.num_classes == 3
     assert "function" in schema.GROUP_SCHEMAS["data"]
+
+
+def test_ctrl_c_inside_the_users_function_is_a_stop_not_the_functions_fault(tmp_path, monkeypatch):
+    """Ctrl-C lands while the user's code runs (the data function, a `_target_`'s import): the runner's Stopped goes
+    through, so the run ends KILLED with 130, not exit 2 blaming the function (each wrapper of user code re-raises
+    the runner's own errors)."""
+    import signal
+
+    from runner.builders.targets import callable_at
+    from runner.control.stopping import Stopped
+
+    def interrupted(**kwargs):
+        raise Stopped(signal.SIGINT, "stopped by SIGINT")
+
+    with pytest.raises(Stopped):
+        function._call(OmegaConf.create({"_target_": "mine.f", "kwargs": None}), interrupted)
+    (tmp_path / "slow_import.py").write_text(
+        "import signal\nfrom runner.control.stopping import Stopped\nraise Stopped(signal.SIGINT, 'stopped by SIGINT')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(Stopped):
+        callable_at("model", "slow_import.build", "hint")

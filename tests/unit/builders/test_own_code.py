@@ -19,6 +19,12 @@ USER_MODULE = textwrap.dedent(
 
     def helper():
         raise KeyError("epoch")
+
+
+    def leave():
+        import sys
+
+        sys.exit(0)
     """
 )
 
@@ -84,3 +90,14 @@ def test_the_errors_own_line_is_the_last_one_tensorflow_quotes():
     err = ValueError('in user code:\n  File "a.py", line 2\n  tf.errors.InvalidArgumentError: outer\n  RuntimeError: inner')
     assert own_code.error_line(err) == "RuntimeError: inner"
     assert own_code.error_line(KeyError("k")) == "KeyError: 'k'"
+
+
+def test_sys_exit_in_the_users_code_mid_training_is_not_a_finished_run(user_module):
+    import user_hooks
+
+    try:
+        user_hooks.leave()
+    except SystemExit as err:
+        told = own_code.raised(err, _cfg(), step=3)
+    assert "raised during training at step 3: it called sys.exit(0) (" in str(told) and told.exit_code == 6
+    assert own_code.raised(KeyboardInterrupt(), _cfg()) is None  # Ctrl-C is the stop's, not the user's error
