@@ -258,11 +258,14 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(err.exit_code)
     except RunnerError as err:
         # A config mistake or a dead task: one readable message on stderr, no stack trace.
-        if isinstance(err, ConfigError):
-            restore_record()  # a refused resume= trained nothing: its command is not the run's record
-        from runner.tracking.run import deleted_line
+        from runner.tracking import phases
+        from runner.tracking.run import deleted_line, said_after_training
 
-        print(redact(f"Error: {err}{deleted_line(err)}"), file=sys.stderr)
+        if isinstance(err, ConfigError) and not phases.trained():
+            restore_record()  # a refused resume= trained nothing: its command is not the run's record
+
+        said = said_after_training(str(err), layout.checkpoint_dir(cfg) if cfg.checkpoint.enabled else None)
+        print(redact(f"Error: {said}{deleted_line(err)}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt as err:  # before the signal handlers were installed (or a task that only serves)
         marked = " the MLflow run is marked KILLED and" if getattr(err, "run_killed", False) else ""

@@ -170,6 +170,15 @@ def refused(err: BaseException, created: bool) -> bool:
     return bool(getattr(err, "trained_nothing", False) and created and not phases.trained())
 
 
+def said_after_training(text: str, checkpoint_dir: str | None) -> str:
+    """An error's paragraph as true as when it was raised: a check that says "Nothing was trained" also runs after
+    training (the eval split, a model saved at the end); once a step has run, the paragraph says what was kept."""
+    if not phases.trained() or "Nothing was trained" not in text:
+        return text
+    kept = f"Training had run: {layout.checkpoint_note(checkpoint_dir)}; resume= continues once this is fixed"
+    return re.sub(r"Nothing was trained([.;])", lambda m: kept + m.group(1), text)
+
+
 def deleted_line(err: BaseException) -> str:
     """What the error's paragraph adds when its run was deleted (`refused`), else ''."""
     run_id = getattr(err, "run_deleted", None)
@@ -248,7 +257,7 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
         err.run_killed = runlog.owner  # what the message may say: this process ends the run KILLED
         raise
     except BaseException as err:
-        if isinstance(err, ConfigError) and runlog.previous_status:
+        if isinstance(err, ConfigError) and runlog.previous_status and not phases.trained():
             # A continued run refused before any step (another model, a bad value): it stays as it was (FINISHED,
             # KILLED), with the refusal as a tag, not an error of the run.
             status = runlog.previous_status

@@ -50,3 +50,22 @@ def test_summary_is_one_line_of_seconds_in_phase_order(fresh):
     line = fresh.summary()
     assert "\n" not in line
     assert re.fullmatch(r"phases: imports \d+\.\d\ds, data \d+\.\d\ds, train \d+\.\d\ds", line), line
+
+
+def test_an_error_raised_after_training_does_not_say_nothing_was_trained(monkeypatch, tmp_path):
+    """A check that says "Nothing was trained" (the eval split's data function, at the end) once steps have run: the
+    paragraph says what was kept instead (runner.tracking.run.said_after_training, used by runner.app)."""
+    from runner.tracking import phases
+    from runner.tracking.run import said_after_training
+
+    text = "data._target_='m.f' raised OSError: gone (at m.py:3, in f). Nothing was trained; fix the function."
+    monkeypatch.setattr(phases, "_marks", [])
+    assert said_after_training(text, None) == text  # before the first step: true as said
+    monkeypatch.setattr(phases, "_marks", [(phases.FIRST_STEP, 0.0)])
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-40"\n')
+    said = said_after_training(text, str(tmp_path))
+    assert "Nothing was trained" not in said
+    assert said.endswith(
+        f"Training had run: the latest checkpoint is step 40 in {tmp_path}; resume= continues once this is fixed; "
+        "fix the function."
+    )
