@@ -147,18 +147,27 @@ class Membership:
             "detected_at": time.time(),
         }
         self._started = time.monotonic()
-        log.warning(
-            "cluster.elastic: %s at step %s; %s from the checkpoint at step %d",
-            why,
-            at_step if at_step is not None else "?",
-            self._going_on(size),
-            checkpoint,
-        )
+        at = at_step if at_step is not None else "?"
+        if size > self.size:  # good news, and the step is not known yet: the trainers agree on it when told to stop
+            log.info("cluster.elastic: %s at step %s; the trainers checkpoint at a step they agree on", why, at)
+        else:
+            log.warning(
+                "cluster.elastic: %s at step %s; %s from the checkpoint at step %d", why, at, self._going_on(size), checkpoint
+            )
         self.size, self.base_step, self.started_at = size, checkpoint, time.monotonic()
 
     def grow(self, at_step) -> int:
         self._resize(self.full, "the lost worker's slot is back", at_step)
         return self.full
+
+    def summary(self) -> str:
+        """One line for the job's end: what its losses cost."""
+        redone = sum(r["steps_redone"] or 0 for r in self.records)
+        lost = f"{self.losses} worker loss(es)" if self.losses else "no worker lost"
+        return (
+            f"cluster.elastic: {lost}, {len(self.records)} resize(s), {redone} step(s) redone; the job ended at "
+            f"{self.size} worker(s)"
+        )
 
     def close_open(self, resize_sec=None) -> None:
         """The open record, into the run: with its time to the first step at the new size, or None (never seen)."""
@@ -266,6 +275,8 @@ def supervise(
         try:
             supervise_one(tasks, cfg, tick=lambda: membership.tick(tasks))
             membership.close_open()
+            if membership.records:
+                log.info(membership.summary())
             return
         except TaskLost as first:
             err = _blamed(first, tasks)
@@ -309,6 +320,7 @@ def supervise(
             step = layout.latest_checkpoint_step(membership.directory) or 0  # the one they wrote on SIGTERM
             membership.pending.update(checkpoint_step=step, steps_redone=0)
             membership.base_step = step
+            log.info("cluster.elastic: going on with %d worker(s) from the checkpoint at step %d", size, step)
             membership.delivered(tasks[0].step)  # they ended by themselves
         tasks[:] = rebuild(size)
         if membership.logged_through is not None:

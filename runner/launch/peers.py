@@ -59,7 +59,8 @@ def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoi
     elif "Collective ops is aborted" in text or "Socket closed" in text or "failed to connect" in text:
         by_address = {a: f"{j}:{i}" for j, addresses in jobs.items() for i, a in enumerate(addresses)}
         named = [by_address[f"{h}:{p}"] for h, p in _ADDRESS.findall(text) if f"{h}:{p}" in by_address]
-        lost = others or [t for t in dict.fromkeys(named) if t != me]
+        # the address TensorFlow could not reach names the lost task; the tasks a ring's message lists are all its members
+        lost = [t for t in dict.fromkeys(named) if t != me] or others
         how = "could not be reached by a collective operation"
     elif type(err).__name__ == "DeadlineExceededError":
         lost, how = others, "did not take part in a collective operation within strategy.collective_timeout_sec"

@@ -5,6 +5,7 @@ ends as without elasticity. The whole thing with TensorFlow (the weights of one 
 tests/e2e/test_cluster.py and README's elastic command (tests/e2e/test_readme.py)."""
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -81,7 +82,7 @@ def _supervise(cfg, tasks, rebuild, run):
 PROGRESS = "print('[00:00:00][INFO] epoch 2/4 step 3/8 loss 0.5', flush=True)"
 
 
-def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp_path):
+def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp_path, caplog):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
     first = {
@@ -91,6 +92,7 @@ def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp
     }
     second = {"worker:0": script(PROGRESS.replace("step 3/8", "step 5/8")), "worker:1": script("pass")}
     cfg, tasks, rebuild, _ = job(["cluster.workers=3", "cluster.elastic.rejoin_after_sec=null"], [first, second])
+    caplog.set_level(logging.INFO, logger="runner")
     run, generation = Recorded(), list(tasks)
     _supervise(cfg, tasks, rebuild, run)
     assert [t.name for t in tasks] == ["worker:0", "worker:1"] and all(t.proc.returncode == 0 for t in tasks)
@@ -100,6 +102,8 @@ def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp
     assert record["why"] == "lost worker:1: killed by SIGKILL" and (record["from_workers"], record["to_workers"]) == (3, 2)
     assert (record["at_step"], record["checkpoint_step"], record["steps_redone"]) == (11, 8, 3)
     assert run.tags["cluster.elastic.resizes"] == "1"
+    said = "cluster.elastic: 1 worker loss(es), 1 resize(s), 3 step(s) redone; the job ended at 2 worker(s)"
+    assert said in caplog.text  # the job's end sums up what its losses cost
 
 
 def test_a_smaller_job_that_reaches_its_last_step_while_stopping_to_grow_back_ends_there(job, tmp_path):

@@ -39,6 +39,13 @@ def test_the_cut_off_task_names_the_coordination_leader():
 def test_a_collective_error_naming_an_address_blames_its_task():
     err = tf_error("UnavailableError", "Collective ops is aborted by: failed to connect to all addresses; ipv4:198.18.0.2:2222")
     assert "lost contact with worker:1 (198.18.0.2:2222)" in str(peers.lost_peer(err, "worker:0", JOBS))
+    ring = tf_error(  # a ring's abort lists its members too: the unreachable address names the lost one
+        "UnavailableError",
+        "Collective ops is aborted by: [_Derived_]Aborting RingReduce with /job:worker/replica:0/task:2 "
+        "/job:worker/replica:0/task:1 failed to connect to all addresses; ipv4:198.18.0.2:2222",
+    )
+    text = str(peers.lost_peer(ring, "worker:0", {**JOBS, "worker": [*JOBS["worker"], "198.18.0.3:2222"]}))
+    assert "lost contact with worker:1 (198.18.0.2:2222): " in text and "worker:2" not in text
 
 
 def test_other_errors_and_single_processes_are_left_alone():
