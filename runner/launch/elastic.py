@@ -93,7 +93,7 @@ class Membership:
         self.shrinks = cfg.strategy.name == "multi_worker_mirrored"  # parameter_server: the job restarts at its size
         self.losses, self.records = 0, []
         self.directory = layout.checkpoint_dir(cfg)
-        self.started_at = time.monotonic()
+        self.started_at = self.job_started = time.monotonic()
         self.base_step = layout.latest_checkpoint_step(self.directory)  # the checkpoint this generation starts from
         self.pending = None  # the record of the last resize, until the new size's first step is seen
         self.logged_through = None  # the last step a generation that ended by itself logged
@@ -164,9 +164,11 @@ class Membership:
         """One line for the job's end: what its losses cost."""
         redone = sum(r["steps_redone"] or 0 for r in self.records)
         lost = f"{self.losses} worker loss(es)" if self.losses else "no worker lost"
+        took = time.monotonic() - self.job_started
         return (
             f"cluster.elastic: {lost}, {len(self.records)} resize(s), {redone} step(s) redone; the job ended at "
-            f"{self.size} worker(s)"
+            f"{self.size} worker(s), {took:.1f}s over {len(self.records) + 1} generation(s) (each task's done: line is "
+            "its own generation's)"
         )
 
     def close_open(self, resize_sec=None) -> None:

@@ -102,8 +102,8 @@ def test_a_lost_worker_restarts_the_job_one_smaller_and_the_run_says_so(job, tmp
     assert record["why"] == "lost worker:1: killed by SIGKILL" and (record["from_workers"], record["to_workers"]) == (3, 2)
     assert (record["at_step"], record["checkpoint_step"], record["steps_redone"]) == (11, 8, 3)
     assert run.tags["cluster.elastic.resizes"] == "1"
-    said = "cluster.elastic: 1 worker loss(es), 1 resize(s), 3 step(s) redone; the job ended at 2 worker(s)"
-    assert said in caplog.text  # the job's end sums up what its losses cost
+    said = "cluster.elastic: 1 worker loss(es), 1 resize(s), 3 step(s) redone; the job ended at 2 worker(s), "
+    assert said in caplog.text and "s over 2 generation(s)" in caplog.text  # the job's end sums up its losses
 
 
 def test_a_smaller_job_that_reaches_its_last_step_while_stopping_to_grow_back_ends_there(job, tmp_path):
