@@ -34,11 +34,15 @@ from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa:
 from runner.config.command_line import command_problem, config_only, unreadable_override_problem  # noqa: E402
 from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
+from runner.preflight.probes import working_dir_problem  # noqa: E402
 
 
 def cli() -> None:
     """What runs before Hydra: resume='s saved overrides, and the checks of directories Hydra writes into first."""
     try:
+        problem = working_dir_problem()  # every relative path below (resume=, outputs/) is read against it
+        if problem:
+            raise ConfigError(problem)
         sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
         argv = sys.argv[1:]
         checks = (command_problem, unreadable_override_problem, output_dir_problem, claim_from_command_line)

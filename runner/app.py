@@ -75,7 +75,12 @@ def output_dir_problem(argv) -> str:
         )
     if problem:
         what = "the sweep's directory" if sweep else "the run's output directory"
-        return f"{key}={path} cannot be used as {what} ({problem}). Point it at a directory you can write, or run from one."
+        fix = (
+            "Free space there, or point it at another filesystem"
+            if "No space left" in problem
+            else ("Point it at a directory you can write, or run from one")
+        )
+        return f"{key}={path} cannot be used as {what} ({problem}). {fix}."
     return ""
 
 

@@ -152,8 +152,11 @@ def claim(directory: str, key: str, what: str = "run") -> None:
     except OSError:
         os.close(fd)
         return  # a filesystem without locks: no worse than before
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {what}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {what}\n".encode(), 0)
+    except OSError:  # a full disk: the lock holds all the same; the owner's name is only for the refusal's message
+        pass
     _held[path] = fd
 
 

@@ -12,6 +12,19 @@ import urllib.parse
 import urllib.request
 
 
+def working_dir_problem(argv=None) -> str | None:
+    """None when this process's working directory still exists; else why not (it was deleted or moved under the
+    shell that started the command: Hydra's outputs/ and the default ./mlflow.db are written there)."""
+    try:
+        os.getcwd()
+    except OSError as err:
+        return (
+            f"the working directory is gone ({err.strerror}): it was deleted or moved after this shell entered it, and "
+            "outputs/, multirun/ and the default ./mlflow.db are written there. cd to an existing directory and run again."
+        )
+    return None
+
+
 def writable_dir_problem(path: str) -> str | None:
     """None when `path` is, or can be made, a directory this process can write in; else why not. Directories made
     for the probe are removed again (the run makes them when it needs them). Safe with other processes probing the
@@ -43,8 +56,10 @@ def _probe(path: str) -> str | None:
                 mine.append(d)
             except FileExistsError:  # another process made it meanwhile: not ours to remove
                 pass
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-") as f:  # bytes too: a full disk takes an empty file
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as err:
         why = f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
         # FileNotFoundError: another process's probe may have removed a directory on the way; try again

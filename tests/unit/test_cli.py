@@ -456,3 +456,15 @@ def test_a_printed_config_masks_secrets_as_logs_do(tmp_path):
         assert done.returncode == 0 and "tracking_uri: https://" in done.stdout, done.stderr[-2000:]
         assert not any(s in done.stdout for s in ("hunter2", "s3cret", "pw-123456")), done.stdout
         assert "***@" in done.stdout
+
+
+def test_a_working_directory_deleted_before_the_command_is_one_paragraph(tmp_path):
+    """The shell's directory removed under it (another terminal's rm -r): exit 2 and what to do, not a traceback from
+    the first relative path the runner resolves."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && exec {sys.executable} -m runner train.epochs=1"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("Error: the working directory is gone (No such file or directory)"), proc.stderr
+    assert "Traceback" not in proc.stderr and "cd to an existing directory" in proc.stderr

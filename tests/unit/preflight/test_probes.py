@@ -3,6 +3,8 @@
 
 import multiprocessing
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -35,3 +37,35 @@ def test_what_cannot_hold_a_directory_is_named(tmp_path):
     assert "No such file or directory" in writable_dir_problem("/proc/runner-probe")
     assert writable_dir_problem(str(tmp_path / "new" / "deeper")) is None
     assert not os.path.exists(tmp_path / "new")  # the probe's own directories are removed again
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs, filled: a real full filesystem (root only: skipped with the reason elsewhere)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or 'not root'})")
+    try:
+        with open(mount / "fill", "wb") as f:
+            try:
+                f.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_filesystem_is_named_before_anything_is_written(full_disk):
+    assert writable_dir_problem(str(full_disk / "run")) == "No space left on device"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "train.epochs=1", f"hydra.run.dir={full_disk / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"hydra.run.dir={full_disk / 'run'} cannot be used as the run's output directory (No space left" in proc.stderr
+    assert "Free space there" in proc.stderr
