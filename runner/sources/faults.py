@@ -40,6 +40,12 @@ def tf_says(text: str) -> str:
 def source_files(data_cfg) -> dict[str, list[str]]:
     """The local files a data source reads, by the key that names them (what a damaged record is searched in)."""
     try:
+        if data_cfg.name == "image_folder":
+            from runner.sources.image_folder import list_folder
+
+            keys = {"data.train_dir": data_cfg.train_dir, "data.eval_dir": data_cfg.get("eval_dir")}
+            found = {k: list_folder(k, v, verify=False) for k, v in keys.items() if v}
+            return {k: [f for files in classes.values() for f in files] for k, classes in found.items()}
         if data_cfg.name == "tfrecord":
             from runner.sources.tfrecord import remote, resolve_files
 
@@ -53,6 +59,30 @@ def source_files(data_cfg) -> dict[str, list[str]]:
     except Exception:  # the files moved since the run started: name none
         return {}
     return {}
+
+
+IMAGE_SEARCH_SEC = 60.0  # the decoder's refusal names no file: each image is decoded again, for at most this long
+
+
+def refused_image(files: dict[str, list[str]], channels: int, budget: float = IMAGE_SEARCH_SEC):
+    """(key, path, TensorFlow's reason) of the first image TensorFlow's decoder refuses, searched in the order the
+    files are listed; None when none is found within `budget` seconds. TensorFlow is imported already (training ran)."""
+    if not any(files.values()):
+        return None
+    import time
+
+    import tensorflow as tf
+
+    deadline = time.monotonic() + budget
+    for key, paths in files.items():
+        for path in paths:
+            if time.monotonic() > deadline:
+                return None
+            try:
+                tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as err:
+                return key, path, tf_says(str(err))
+    return None
 
 
 def find_damage(files: dict[str, list[str]], offset: int) -> list[tuple[str, str, int, str]]:
@@ -95,10 +125,17 @@ def damaged_data(err: BaseException, data_cfg, step=None, output_dir=None, check
         if data_cfg.name == "tfrecord":
             fix += "; data.verify=true names the file and record before training"
         elif data_cfg.name == "image_folder" and "label" not in said:
-            fix = (
-                "Replace or remove the image its decoder refused (TensorFlow does not say which; data.verify_images "
-                "checks each file's header and end before training, not its pixels)"
-            )
+            channels = {"grayscale": 1, "rgb": 3, "rgba": 4}.get(str(data_cfg.get("color_mode")), 3)
+            bad = refused_image(source_files(data_cfg), channels)
+            if bad:
+                what = f"an image the decoder refuses: {bad[1]} ({bad[0]})"
+                fix = "Replace or remove that file"
+            else:
+                fix = (
+                    "Replace or remove the image its decoder refused (TensorFlow did not say which, and decoding each "
+                    "file again found none within a minute; data.verify_images checks each file's header and end "
+                    "before training, not its pixels)"
+                )
     at = f" at step {step}" if step else ""
     resume = f" resume={output_dir}" if output_dir else " resume=<the run's output directory>"
     return DataError(

@@ -79,3 +79,20 @@ def test_other_data_errors_are_told_and_everything_else_left_alone():
     assert damaged_data(named("InvalidArgumentError")("Incompatible shapes: [64,10] vs. [64,3]"), cfg) is None  # the model's
     assert damaged_data(named("UnavailableError")("Collective ops is aborted"), cfg) is None
     assert damaged_data(ValueError("corrupted record at 5"), cfg) is None
+
+
+def test_an_image_the_decoder_refuses_is_found_and_named(tmp_path):
+    """TensorFlow's decoder refuses an image mid-training without naming it (its header and end pass
+    data.verify_images): each image is decoded again to find it (imports TensorFlow)."""
+    from helpers import write_image_folder
+
+    folder = write_image_folder(tmp_path / "imgs", per_class=6)
+    bad = folder / "square" / "003.png"
+    data = bytearray(bad.read_bytes())
+    data[40:-20] = b"A" * (len(data) - 60)  # the PNG signature and IEND kept: the pixels are garbage
+    bad.write_bytes(bytes(data))
+    cfg = OmegaConf.create({"name": "image_folder", "train_dir": str(folder), "color_mode": "rgb"})
+    png = "Graph execution error:\n\nInvalid PNG. Failed to initialize decoder.\n\t [[{{node DecodePng}}]] [Op:x]"
+    message = str(damaged_data(named("InvalidArgumentError")(png), cfg, 7))
+    assert message.startswith(f"reading the data failed at step 7: an image the decoder refuses: {bad} (data.train_dir)")
+    assert "Replace or remove that file" in message and "\n" not in message
