@@ -95,9 +95,32 @@ def read_spec_file(files: list[str]) -> dict:
         return {}
     try:
         with open(path) as f:
-            return json.load(f) | {"_dir": os.path.dirname(path)}
+            spec = json.load(f)
     except (OSError, ValueError) as err:
         raise ConfigError(f"{path} (the spec file beside data.train_files) cannot be read as JSON: {err}") from None
+    _check_spec_file(path, spec)
+    return spec | {"_dir": os.path.dirname(path)}
+
+
+def _whole(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def _check_spec_file(path: str, spec) -> None:
+    """The spec file's shape (a hand-written one may differ from what runner.export writes): named, not a TypeError."""
+    what = f"{path} (the spec file beside data.train_files)"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{what} holds a JSON {type(spec).__name__}, not an object of features, label and records.")
+    records = spec.get("records", {})
+    if not isinstance(records, dict):
+        raise ConfigError(f'{what}: "records" must map each file name to [records, bytes]; it is {records!r}.')
+    for name, entry in records.items():
+        if not (isinstance(entry, list) and len(entry) == 2 and all(_whole(n) for n in entry)):
+            raise ConfigError(
+                f'{what}: "records" holds {name!r}: {entry!r}; each file name maps to [records, bytes], two whole '
+                'numbers (python -m runner.export writes them). Fix the entry, or remove "records" and the files are '
+                "counted instead."
+            )
 
 
 def _features(raw) -> dict[str, tuple[str, tuple[int, ...]]]:

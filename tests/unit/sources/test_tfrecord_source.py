@@ -113,6 +113,16 @@ def test_the_spec_file_fills_what_the_config_leaves_null_and_counts_without_read
     assert source.label == "y" and source.num_classes == 3 and source.train_records == 198
     write_split(tmp_path, "train", 12)  # rewritten: sizes differ, so counted again
     assert load_source(data_cfg(train_files=str(tmp_path / "train-*"))).train_records == 12
+    # a hand-written spec file of another shape: named, not a TypeError inside the count
+    for records, said in (
+        ({files[0].name: 5}, f"\"records\" holds '{files[0].name}': 5; each file name maps to [records, bytes]"),
+        ({files[0].name: ["5", 10]}, "two whole numbers"),
+        ([5, 10], '"records" must map each file name to [records, bytes]'),
+    ):
+        (tmp_path / SPEC_FILE).write_text(json.dumps({**spec, "records": records}))
+        refused(data_cfg(train_files=str(tmp_path / "train-*")), SPEC_FILE, said)
+    (tmp_path / SPEC_FILE).write_text(json.dumps([spec]))
+    refused(data_cfg(train_files=str(tmp_path / "train-*")), "holds a JSON list, not an object")
 
 
 def test_bad_files_are_named(tmp_path):
