@@ -271,6 +271,10 @@ def main(argv) -> None:
         for name in ("mlflow", "alembic"):  # after the import: mlflow sets its own level when imported
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger("urllib3").setLevel(logging.ERROR)  # one line per retry while a server is down; said once
+        # A store that breaks mid-run (deleted, read-only): MLflow logs each failed write with SQLAlchemy's chained
+        # traceback, and its system-metrics thread each failed sample; the runner says it once (runlog, run).
+        for name in ("mlflow.store.db.utils", "mlflow.system_metrics"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         calls = Calls(client, uri, owner_pid)
     except Exception as err:  # answered to every call: the training process raises it where it starts the run
         opened = (

@@ -22,6 +22,15 @@ DELETED = "DELETED"  # close()'s status for a run refused before its first step 
 log = logging.getLogger("runner")
 
 
+def local_store_gone(uri: str) -> bool:
+    """Whether a local SQLite store's file was deleted or made read-only under the run: waiting for it is waiting
+    for nothing, so what is left goes to the outbox at once."""
+    if not uri.startswith("sqlite:///"):
+        return False
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return not os.path.isfile(path) or not os.access(path, os.W_OK)
+
+
 class RunLog:
     """One MLflow run. Metrics and tags are queued and sent by a background thread with log_batch, so neither
     logging nor an unreachable server ever stalls training: undelivered values stay queued and are retried.
@@ -210,7 +219,7 @@ class RunLog:
         try:
             while not self._deliver_all(status):
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or local_store_gone(self.tracking_uri):  # a deleted local file does not come back
                     break
                 if self._outage:
                     log.warning(
@@ -229,10 +238,12 @@ class RunLog:
         # A run to delete is kept FAILED there: deleting is for a store that answers now, not for a later delivery.
         kept = "FAILED" if status == DELETED else status
         path = outbox.save(self.outbox_dir or os.getcwd(), self.run_id, self._metrics, self._tags, kept if self.owner else None)
+        gone = local_store_gone(self.tracking_uri)
         log.error(
-            "MLflow at %s did not come back: %d value(s) of run %s are saved in %s. Send them with "
+            "MLflow at %s %s: %d value(s) of run %s are saved in %s. Send them with "
             "`python -m runner.deliver %s` once it is up (a rerun with resume= does it too).",
             redact_uri(self.tracking_uri),
+            "was deleted or made read-only during the run" if gone else "did not come back",
             self.pending,
             self.run_id,
             path,

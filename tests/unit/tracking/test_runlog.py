@@ -60,3 +60,31 @@ def test_close_deleted_deletes_the_run_or_says_it_could_not(tmp_path):
     assert not run.close(DELETED) and not run.deleted
     with open(outbox.path_in(str(tmp_path / "c"))) as f:
         assert '"status": "FAILED"' in f.read()
+
+
+class Broken(Client):
+    """A local store whose file went away under the run: every write fails as SQLite's does then."""
+
+    def log_batch(self, run_id, metrics=(), tags=(), params=()):
+        raise RuntimeError("(sqlite3.OperationalError) attempt to write a readonly database")
+
+
+def test_a_local_store_deleted_under_the_run_is_not_waited_for(tmp_path):
+    """Its file does not come back by itself: what is left goes to the outbox at once, not after
+    mlflow.delivery_timeout_sec (a server that is down is waited for: test_close_deleted_... above)."""
+    import time
+
+    from runner.tracking import outbox
+    from runner.tracking.runlog import local_store_gone
+
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"")
+    assert not local_store_gone(f"sqlite:///{store}") and not local_store_gone("http://host:5000")
+    store.unlink()
+    assert local_store_gone(f"sqlite:///{store}")
+    run = RunLog(Broken(), "r", f"sqlite:///{store}", delivery_timeout=120.0, outbox_dir=str(tmp_path / "out"))
+    run.log_metrics({"loss": 0.5}, 1)
+    started = time.monotonic()
+    assert not run.close("FINISHED")
+    assert time.monotonic() - started < 20 and (tmp_path / "out" / "mlflow_outbox.jsonl").exists()
+    assert outbox.path_in(str(tmp_path / "out")).endswith("mlflow_outbox.jsonl")
