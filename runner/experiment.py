@@ -107,6 +107,7 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
 
         return evaluate_checkpoints(cfg, cluster)
     stopping.install()  # Ctrl-C / SIGTERM: checkpoint at a step boundary, run KILLED (servers keep the defaults)
+    peers.quiet_watcher_threads()  # a lost peer: one paragraph from the training thread, not a trace per TF thread
     logs = cluster.is_chief and cfg.mlflow.enabled
     if not logs:
         discard_prestarted()

@@ -12,13 +12,16 @@ Without the coordination service the strategy's own health check aborts them (`c
 left alone.
 """
 
+import logging
 import os
 import re
+import threading
 
 from runner.config import layout
 from runner.control import contract
 from runner.errors import ClusterError
 
+log = logging.getLogger("runner")
 PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError", "InternalError")
 _TASK = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 _ADDRESS = re.compile(r"(?:ipv4:)?(\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[\w.-]+):(\d{2,5})")
@@ -80,3 +83,26 @@ def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoi
         f"{layout.checkpoint_note(checkpoint_dir)}. Once every task can reach the others again, restart every task with"
         f"{resume} (each task its own output directory) to continue from the last checkpoint."
     )
+
+
+WATCHER_THREADS = ("PeerTerminationWatcher", "WorkerTerminationSignalWatcher")  # TensorFlow's preemption handler's
+
+
+def quiet_watcher_threads() -> None:
+    """TensorFlow's preemption handler watches its peers in threads of its own; when a peer is lost they end with
+    the same UnavailableError the training thread reports in one paragraph (lost_peer), and Python would print each
+    one's traceback as well. Those become one log line; any other thread's exception is printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_watchers", False):
+        return
+
+    def hook(args) -> None:
+        name = getattr(args.thread, "name", "") or ""
+        if name.startswith(WATCHER_THREADS) and args.exc_type.__name__ in PEER_ERRORS:
+            said = (str(args.exc_value).strip().splitlines() or [""])[0][:200]
+            log.info("TensorFlow's %s thread ended on a lost peer (%s: %s)", name, args.exc_type.__name__, said)
+            return
+        previous(args)
+
+    hook.quiets_watchers = True
+    threading.excepthook = hook

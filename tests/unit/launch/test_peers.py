@@ -52,3 +52,27 @@ def test_other_errors_and_single_processes_are_left_alone():
     assert peers.lost_peer(ValueError("stopped sending heartbeats"), "worker:0", JOBS) is None
     assert peers.lost_peer(tf_error("UnavailableError", "stopped sending heartbeats /job:worker/task:1"), "worker:0", {}) is None
     assert peers.lost_peer(tf_error("InvalidArgumentError", "shapes"), "worker:0", JOBS) is None
+
+
+def test_tensorflows_watcher_threads_end_on_a_lost_peer_in_one_line(caplog, monkeypatch):
+    import logging
+    import threading
+
+    printed = []  # what the hook before (Python's own: a traceback on stderr) is handed
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.thread.name))
+    peers.quiet_watcher_threads()
+    unavailable = type("UnavailableError", (Exception,), {})
+
+    def raising(error):
+        def run():
+            raise error
+
+        return run
+
+    caplog.set_level(logging.INFO, logger="runner")
+    for name, error in (("PeerTerminationWatcher-1", unavailable("Socket closed\nmore")), ("mine", ValueError("bug"))):
+        thread = threading.Thread(target=raising(error), name=name)
+        thread.start()
+        thread.join()
+    assert printed == ["mine"]  # another thread's error is still printed as Python prints it
+    assert "TensorFlow's PeerTerminationWatcher-1 thread ended on a lost peer (UnavailableError: Socket closed)" in caplog.text
