@@ -84,6 +84,9 @@ def main(argv=None):
     p.add_argument("--models", default="all", choices=["all", "host", "compute"])
     p.add_argument("--scale", type=float, default=1.0, help="each model's steps times this (longer runs)")
     a = p.parse_args(argv)
+    for name, value, least in (("--scale", a.scale, 0.01), ("--rounds", a.rounds, 1), ("--logical-cpus", a.logical_cpus, 1)):
+        if not value >= least:
+            p.error(f"{name} must be at least {least:g}; got {value:g}")
     if a.against and not os.path.isfile(os.path.join(a.against, "runner", "__main__.py")):
         p.error(f"--against {a.against}: no checkout of the runner there (no runner/__main__.py)")
     if any(not name or not overrides for name, _, overrides in (v.partition("=") for v in a.variant)):
@@ -101,7 +104,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="limit-")
     sides = []
     for name, m in models.items():
-        steps = max(20, m["steps"] // 10) if a.quick else int(m["steps"] * a.scale)
+        steps = max(20, m["steps"] // 10) if a.quick else max(20, int(m["steps"] * a.scale))
         for executor, (version, (path, overrides)) in itertools.product(EXECUTORS, versions.items()):
             argv_ = [*runner_argv(m, executor, a.strategy, cpus, steps), *overrides]
             argv_.append(f"mlflow.tracking_uri=sqlite:///{work}/{version}.db")
