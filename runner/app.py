@@ -269,7 +269,8 @@ def main(cfg: DictConfig) -> float | None:
         if isinstance(err, ConfigError) and not phases.trained():
             restore_record()  # a refused resume= trained nothing: its command is not the run's record
 
-        said = said_after_training(str(err), layout.checkpoint_dir(cfg) if cfg.checkpoint.enabled else None)
+        kept = layout.checkpoint_dir(cfg) if cfg.checkpoint.enabled and (cfg.checkpoint.dir or cfg.output_dir) else None
+        said = said_after_training(str(err), kept)
         print(redact(f"Error: {said}{deleted_line(err)}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt as err:  # before the signal handlers were installed (or a task that only serves)

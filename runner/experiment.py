@@ -118,10 +118,13 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
         try:
             summary = _train(cfg, tf, devices, cluster, run, sentinel, chosen)
         except (Exception, SystemExit) as err:  # a peer lost (3), a damaged record (5), your code raising or exiting (6)
-            told = peers.lost_peer(err, cluster.task, cluster.jobs, cfg.output_dir, _checkpoints_of(cfg))
-            step = getattr(run, "last_step", None)
-            told = told or faults.damaged_data(err, cfg.data, step, cfg.output_dir, _checkpoints_of(cfg))
-            told = told or own_code.raised(err, cfg, step, cfg.output_dir, _checkpoints_of(cfg))
+            step, kept = getattr(run, "last_step", None), _checkpoints_of(cfg)
+            told = _told(
+                err,
+                lambda e: peers.lost_peer(e, cluster.task, cluster.jobs, cfg.output_dir, kept),
+                lambda e: faults.damaged_data(e, cfg.data, step, cfg.output_dir, kept),
+                lambda e: own_code.raised(e, cfg, step, cfg.output_dir, kept, trained=phases.trained()),
+            )
             if told is None:
                 raise
             raise told from err  # TensorFlow's trace goes to the run's error.txt (tracking.mlflow_run), not the terminal
@@ -134,6 +137,20 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
     if cluster.is_chief and not os.environ.get(contract.ATTACH_RUN):  # a launched task's launcher says it
         log.info(where_line(run, cfg))
     return summary
+
+
+def _told(err: BaseException, *handlers):
+    """The first handler's error that names what went wrong with `err`; a handler that fails itself is passed over
+    (the original error is raised then, not a traceback of the handler's inside the first's)."""
+    for handler in handlers:
+        try:
+            told = handler(err)
+        except Exception as err:  # noqa: BLE001
+            log.debug("an error handler failed: %r", err)
+            continue
+        if told is not None:
+            return told
+    return None
 
 
 def _loss_for(model, cfg, arrays, run):

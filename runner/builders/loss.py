@@ -158,38 +158,35 @@ def _default_reduction(loss) -> str:
 
 def check_user_loss(spec, model, data, keras) -> None:
     """A user's train.loss built, and called once on the model's output for two examples (the data's first two, or
-    zeros shaped like them), under a gradient tape: one number per batch, an error on the data's own examples, and a
-    loss through which no gradient reaches the model's weights are refused here, before the first step, in one
-    paragraph (inside the traced step TensorFlow would wrap them in its own trace). A failure on the probe's zeros is
-    left to the step itself, which sees the real batches."""
-    import tensorflow as tf
-
+    zeros shaped like them): one number per batch, and an error on the data's own examples, are refused here, before
+    the first step, in one paragraph (inside the traced step TensorFlow would wrap them in its own trace). A failure
+    on the probe's zeros, or of the model itself, is left to the step, which sees the real batches. (No gradient
+    through the loss is told by the step: runner.builders.own_code. The probe runs the model for inference, where a
+    model or a loss may differ from training.)"""
     from runner.builders.own_code import error_line
 
     loss = build_loss(spec, PER_EXAMPLE, keras)
     if not is_target(spec):
         return
     x, y, real = probe_examples(data)
-    what = f"train.loss._target_={spec.get('_target_')!r}"
     try:
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=False))
+        y_pred = model(x, training=False)
+    except RunnerError:
+        raise
+    except Exception:  # noqa: BLE001  (the model's own failure: its checks and the step say it)
+        return
+    try:
+        loss(y, y_pred)
     except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
         raise
     except Exception as err:  # noqa: BLE001  (the user's loss on the model's output: said in one line)
         if not real:
             return  # the probe's own zeros: the step, on the real batches, says what is wrong
         raise ConfigError(
-            f"{what} failed on the model's output for the data's first two examples: {error_line(err)}. Fix the "
-            "function (it gets y_true and y_pred, the model's output: logits for classification). Nothing was trained."
+            f"train.loss._target_={spec.get('_target_')!r} failed on the model's output for the data's first two "
+            f"examples: {error_line(err)}. Fix the function (it gets y_true and y_pred, the model's output). Nothing "
+            "was trained."
         ) from None
-    weights = model.trainable_variables
-    if weights and all(g is None for g in tape.gradient(value, weights)):
-        raise ConfigError(
-            f"{what} gives no gradient for any of the model's weights: its value does not depend on the model's output "
-            "in a differentiable way (tf.stop_gradient, a cast to an integer, argmax, or NumPy inside it?), so training "
-            "would change nothing. Compute it with TensorFlow ops on y_pred. Nothing was trained."
-        )
 
 
 def _per_example_checked(loss, what: str):

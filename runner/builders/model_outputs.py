@@ -73,10 +73,13 @@ def output_shape(model, x_probe, target: str = "?") -> tuple[tuple | None, np.nd
     model's). A model of several outputs, or of a dict of them, is refused: the runner trains one output with one
     loss, and the executors would fail inside the step on the structure."""
     outputs = _symbolic(model, "outputs")
-    try:  # the symbolic output's structure (not its truth: a KerasTensor has none)
-        out = model.output if outputs is not None else model(x_probe, training=False)
-    except (AttributeError, ValueError):
-        out = outputs
+    if outputs is None:  # a subclassed model: its call says (an error in it is the model's own, left to surface)
+        out = model(x_probe, training=False)
+    else:
+        try:  # the symbolic output's structure (not its truth: a KerasTensor has none)
+            out = model.output
+        except (AttributeError, ValueError):
+            out = outputs
     several = _several(out)
     if several:
         raise ConfigError(

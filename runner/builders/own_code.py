@@ -9,11 +9,13 @@ never "yours", so a built-in `_target_` (tf_keras.metrics.AUC) is left to the ot
 """
 
 import importlib.util
+import inspect
 import os
 import re
 import sysconfig
 import traceback
 
+from runner.builders.targets import locate
 from runner.config import layout
 from runner.errors import RunnerError, UserCodeError
 
@@ -57,22 +59,44 @@ def _module_file(target: str) -> str | None:
     for i in range(len(parts) - 1, 0, -1):
         try:
             spec = importlib.util.find_spec(".".join(parts[:i]))
-        except (ImportError, ValueError, AttributeError):
+        except Exception:  # noqa: BLE001  (a parent package that fails to import: not this target's file)
             continue
         if spec is not None and spec.origin and os.path.isfile(spec.origin):
             return os.path.realpath(spec.origin)
     return None
 
 
-def own_files(cfg) -> dict[str, tuple[str, str]]:
-    """{file: (key, target)} of the config's `_target_`s that are the user's code."""
+def _source(target: str) -> tuple[str | None, range | None]:
+    """(file, its lines) of the object a dotted path names: where it is defined (a re-exported name: its own
+    module), else the module the path names, with no lines."""
+    try:
+        obj = locate(target)
+        path = inspect.getsourcefile(obj)
+        first, lines = inspect.getsourcelines(obj)[1], len(inspect.getsourcelines(obj)[0])
+        return os.path.realpath(path), range(max(first, 1), max(first, 1) + lines)
+    except Exception:  # noqa: BLE001  (a builtin, a C extension, an object without source: the module's file)
+        return _module_file(target), None
+
+
+def own_files(cfg) -> dict[str, list[tuple[str, str, range | None]]]:
+    """{file: [(key, target, its lines)]} of the config's `_target_`s that are the user's code (several may share
+    one file: a project's model, loss and callbacks)."""
     libraries = _libraries()
     files = {}
     for key, target in targets(cfg):
-        path = _module_file(target)
+        path, lines = _source(target)
         if path and not path.startswith(libraries):
-            files.setdefault(path, (key, target))
+            files.setdefault(path, []).append((key, target, lines))
     return files
+
+
+def _owner(entries, line: int) -> tuple[str, str]:
+    """(key, target) of the entry whose source holds `line`; the only one; else every key of that file, named."""
+    holding = [(k, t) for k, t, lines in entries if lines is not None and line in lines]
+    if len(holding) == 1 or len(entries) == 1:
+        return holding[0] if holding else entries[0][:2]
+    keys = ", ".join(f"{k}._target_={t!r}" for k, t, _ in entries)
+    return f"the code of {keys} (one file)", ""
 
 
 def _chain(err: BaseException):
@@ -83,12 +107,26 @@ def _chain(err: BaseException):
     return seen
 
 
+# TensorFlow errors about the machine or the cluster, whatever op they name: never the user's code
+NOT_CODE = ("ResourceExhaustedError", "UnavailableError", "DeadlineExceededError", "AbortedError", "DataLossError")
+
+
+def _user_code_notes(text: str) -> str:
+    """The `in user code:` part of a TensorFlow error (not its "Detected at node ... defined at" trace, which names
+    where an op was made, not what failed)."""
+    if "in user code:" not in text:
+        return ""
+    return text.split("in user code:", 1)[1].split("Detected at node", 1)[0]
+
+
 def _places(err: BaseException) -> list[tuple[str, int]]:
-    """(file, line) of every Python frame and every TensorFlow `File "...", line N` note, outermost first."""
+    """(file, line) of every Python frame and every `File "...", line N` of TensorFlow's user-code notes, outermost
+    first."""
     places = []
     for e in reversed(_chain(err)):
         places += [(os.path.realpath(f.filename), f.lineno or 0) for f in traceback.extract_tb(e.__traceback__)]
-        places += [(os.path.realpath(path), int(line)) for path, line in _FILE_LINE.findall(str(e))]
+        if type(e).__name__ not in NOT_CODE:
+            places += [(os.path.realpath(path), int(line)) for path, line in _FILE_LINE.findall(_user_code_notes(str(e)))]
     return places
 
 
@@ -103,33 +141,39 @@ def error_line(err: BaseException) -> str:
     return " ".join(said.split())[:400]
 
 
-def raised(err: BaseException, cfg, step=None, output_dir=None, checkpoint_dir=None) -> UserCodeError | None:
+def raised(err: BaseException, cfg, step=None, output_dir=None, checkpoint_dir=None, trained=True) -> UserCodeError | None:
     """A UserCodeError when `err` came from the user's own code (a `_target_`'s file), or is TensorFlow finding no
-    gradient through the user's loss or model; else None (the runner's own errors and everything else). A SystemExit
-    from the user's code is one too: sys.exit(0) in a callback must not end a half-trained run with exit 0."""
-    if isinstance(err, RunnerError) or not isinstance(err, (Exception, SystemExit)):
+    gradient through the user's loss or model; else None (the runner's own errors, a stop wrapped by user code, and
+    everything else). A SystemExit from the user's code is one too: sys.exit(0) in a callback must not end a
+    half-trained run with exit 0. `trained`: whether a training step had run (what the paragraph says was kept)."""
+    chain = _chain(err)
+    if not isinstance(err, (Exception, SystemExit)) or any(isinstance(e, RunnerError) for e in chain):
         return None
     files = own_files(cfg)
     if not files:
         return None
-    at = f" at step {step}" if step else ""
-    resume = f"python -m runner resume={output_dir}" if output_dir else "python -m runner resume=<the run's output directory>"
-    kept = layout.checkpoint_note(checkpoint_dir)
-    owners = {k: (k, t) for k, t in files.values()}
+    if trained:
+        when = f"during training (after step {step})" if step else "during training"
+        resume = f"python -m runner resume={output_dir}" if output_dir else "python -m runner resume=<the run's output directory>"
+        kept = f"The run stopped; {layout.checkpoint_note(checkpoint_dir)}. Fix it, then continue with: {resume}."
+    else:
+        when, kept = "before the first training step", "Nothing was trained; fix it and run again."
+    owners = {k: (k, t) for entries in files.values() for k, t, _ in entries}
     if NO_GRADIENT in str(err) and ("train.loss" in owners or "model" in owners):
         key, target = owners.get("train.loss") or owners["model"]
+        how = (
+            "the loss does not depend on the model's output"
+            if key == "train.loss"
+            else "the model's output does not depend on its weights"
+        )
         return UserCodeError(
-            f"{key}._target_={target!r}: TensorFlow found no gradient for any of the model's weights{at} (the loss "
-            "does not depend on the model's output in a differentiable way: tf.stop_gradient, a cast to an integer, "
-            "argmax, or NumPy inside it?). The run stopped; "
-            f"{kept}. Fix it, then continue with: {resume}."
+            f"{key}._target_={target!r}: TensorFlow found no gradient for any of the model's weights {when} ({how} "
+            f"in a differentiable way: tf.stop_gradient, a cast to an integer, argmax, or NumPy?). {kept}"
         )
     hits = [(path, line) for path, line in _places(err) if path in files]
     if not hits:
         return None
     path, line = hits[-1]  # the innermost place in the user's code: where it raised
-    key, target = files[path]
-    return UserCodeError(
-        f"{key}._target_={target!r} raised during training{at}: {error_line(err)} ({path}, line {line}). The run "
-        f"stopped; {kept}. Fix it, then continue with: {resume}."
-    )
+    key, target = _owner(files[path], line)
+    who = f"{key}._target_={target!r}" if target else key
+    return UserCodeError(f"{who} raised {when}: {error_line(err)} ({path}, line {line}). {kept}")

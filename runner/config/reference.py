@@ -94,7 +94,7 @@ def _allowed(f: dataclasses.Field) -> str:
     if bound is None:
         return ""
     parts = [
-        f"{sign} {limit:g}"
+        f"{sign} {limit:g}" if isinstance(limit, float) else f"{sign} {limit}"
         for sign, limit in (("≥", bound.ge), (">", bound.gt), ("≤", bound.le), ("<", bound.lt))
         if limit is not None
     ]

@@ -22,6 +22,9 @@ def build_callbacks(specs, keras=None) -> list:
         try:
             callback = instantiate(spec)
         except InstantiationException as err:
+            stop = _runners_own(err)
+            if stop is not None:  # Hydra wraps whatever the call raised: a stop (Ctrl-C) inside it is the stop
+                raise stop from None
             said = str(err).strip().splitlines()[0]
             raise ConfigError(
                 f"{key}._target_={target} could not be made ({said}). Check the dotted path and its arguments."
@@ -36,3 +39,16 @@ def build_callbacks(specs, keras=None) -> list:
             )
         made.append(callback)
     return made
+
+
+def _runners_own(err: BaseException):
+    """The runner's own error (a stop, a refusal) inside the chain Hydra wrapped, else None."""
+    from runner.errors import RunnerError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, RunnerError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None

@@ -265,9 +265,18 @@ def supervise(
     launcher's own (runner.launch.localhost); room(), where given, says how many workers the cluster can hold now
     (cluster=slurm: the slots on the nodes the job still has), asked before growing back; with `wait_for_room`, room
     that is short is asked again later (cluster=tf_config's pods come back in touch), not given up on."""
-    from runner.control import contract
 
     membership = Membership(cfg, run, room, wait_for_room)
+    try:
+        _supervise(membership, tasks, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for)
+    finally:  # however the job ended (its last step, past the limits, a stop): what its losses cost
+        if membership.records or membership.losses:
+            log.info(membership.summary())
+
+
+def _supervise(membership, tasks, cfg, rebuild, run, supervise_one, stop_all, trainers, wait_for) -> None:
+    from runner.control import contract
+
     membership._send(
         lambda: run.log_metrics(
             {"cluster/world_size": float(membership.size), "cluster/restarts": 0.0}, membership.base_step or 0
@@ -277,8 +286,6 @@ def supervise(
         try:
             supervise_one(tasks, cfg, tick=lambda: membership.tick(tasks))
             membership.close_open()
-            if membership.records:
-                log.info(membership.summary())
             return
         except TaskLost as first:
             err = _blamed(first, tasks)

@@ -100,7 +100,13 @@ def quiet_watcher_threads() -> None:
         name = getattr(args.thread, "name", "") or ""
         if name.startswith(WATCHER_THREADS) and args.exc_type.__name__ in PEER_ERRORS:
             said = (str(args.exc_value).strip().splitlines() or [""])[0][:200]
-            log.info("TensorFlow's %s thread ended on a lost peer (%s: %s)", name, args.exc_type.__name__, said)
+            log.warning(
+                "TensorFlow's %s thread ended (%s: %s): a peer is gone, and TensorFlow's agreement on a step to stop "
+                "at is off for the rest of this task",
+                name,
+                args.exc_type.__name__,
+                said,
+            )
             return
         previous(args)
 

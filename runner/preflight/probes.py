@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 
 
-def working_dir_problem(argv=None) -> str | None:
+def working_dir_problem() -> str | None:
     """None when this process's working directory still exists; else why not (it was deleted or moved under the
     shell that started the command: Hydra's outputs/ and the default ./mlflow.db are written there)."""
     try:

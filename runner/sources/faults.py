@@ -1,5 +1,5 @@
-"""Data that breaks while it is read, told from TensorFlow's error: which file, which record, and what to do. No
-TensorFlow imported here.
+"""Data that breaks while it is read, told from TensorFlow's error: which file, which record, and what to do.
+TensorFlow is imported only to decode images again (refused_image), once training has imported it.
 
 The checks before training read what is cheap (a file's first record, a folder's listing, a dataset's info), so a
 record damaged in the middle of a large file is met only when the pipeline reaches it, hours into a run:
@@ -64,7 +64,7 @@ def source_files(data_cfg) -> dict[str, list[str]]:
 IMAGE_SEARCH_SEC = 60.0  # the decoder's refusal names no file: each image is decoded again, for at most this long
 
 
-def refused_image(files: dict[str, list[str]], channels: int, budget: float = IMAGE_SEARCH_SEC):
+def refused_image(files: dict[str, list[str]], budget: float = IMAGE_SEARCH_SEC):
     """(key, path, TensorFlow's reason) of the first image TensorFlow's decoder refuses, searched in the order the
     files are listed; None when none is found within `budget` seconds. TensorFlow is imported already (training ran)."""
     if not any(files.values()):
@@ -78,9 +78,11 @@ def refused_image(files: dict[str, list[str]], channels: int, budget: float = IM
         for path in paths:
             if time.monotonic() > deadline:
                 return None
-            try:
-                tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as err:
+            try:  # as the pipeline decodes (runner.builders.data.image_folder): the file's own channels
+                tf.io.decode_image(tf.io.read_file(path), channels=0, expand_animations=False)
+            except tf.errors.NotFoundError:  # gone since the run started: not the one refused
+                continue
+            except tf.errors.OpError as err:
                 return key, path, tf_says(str(err))
     return None
 
@@ -125,15 +127,14 @@ def damaged_data(err: BaseException, data_cfg, step=None, output_dir=None, check
         if data_cfg.name == "tfrecord":
             fix += "; data.verify=true names the file and record before training"
         elif data_cfg.name == "image_folder" and "label" not in said:
-            channels = {"grayscale": 1, "rgb": 3, "rgba": 4}.get(str(data_cfg.get("color_mode")), 3)
-            bad = refused_image(source_files(data_cfg), channels)
+            bad = refused_image(source_files(data_cfg))
             if bad:
-                what = f"an image the decoder refuses: {bad[1]} ({bad[0]})"
+                what = f"an image the decoder refuses: {bad[1]} ({bad[0]}: {bad[2].rstrip('.')})"
                 fix = "Replace or remove that file"
             else:
                 fix = (
-                    "Replace or remove the image its decoder refused (TensorFlow did not say which, and decoding each "
-                    "file again found none within a minute; data.verify_images checks each file's header and end "
+                    f"Replace or remove the image its decoder refused (TensorFlow did not say which, and decoding each "
+                    f"file again found none within {IMAGE_SEARCH_SEC:g} s; data.verify_images checks each file's header and end "
                     "before training, not its pixels)"
                 )
     at = f" at step {step}" if step else ""

@@ -111,7 +111,7 @@ def _check_spec_file(path: str, spec) -> None:
     what = f"{path} (the spec file beside data.train_files)"
     if not isinstance(spec, dict):
         raise ConfigError(f"{what} holds a JSON {type(spec).__name__}, not an object of features, label and records.")
-    records = spec.get("records", {})
+    records = spec.get("records") or {}  # null: none, as absent
     if not isinstance(records, dict):
         raise ConfigError(f'{what}: "records" must map each file name to [records, bytes]; it is {records!r}.')
     for name, entry in records.items():
@@ -210,7 +210,7 @@ def check_file(key: str, path: str, features: dict, with_ids: bool) -> bool:
 def _records(files: list[str], spec_file: dict, key: str = "data.train_files") -> int | None:
     """Records in the files: the spec file's counts where it has them for an unchanged file, else counted (which
     walks every record's header: a file cut short is found here, before training, not hours into it)."""
-    known = spec_file.get("records", {})
+    known = spec_file.get("records") or {}
     total = 0
     for path in files:
         entry = known.get(os.path.basename(path)) if os.path.dirname(os.path.abspath(path)) == spec_file.get("_dir") else None

@@ -173,10 +173,11 @@ def refused(err: BaseException, created: bool) -> bool:
 def said_after_training(text: str, checkpoint_dir: str | None) -> str:
     """An error's paragraph as true as when it was raised: a check that says "Nothing was trained" also runs after
     training (the eval split, a model saved at the end); once a step has run, the paragraph says what was kept."""
-    if not phases.trained() or "Nothing was trained" not in text:
+    if not phases.trained() or not re.search(r"nothing was trained", text, re.I):
         return text
-    kept = f"Training had run: {layout.checkpoint_note(checkpoint_dir)}; resume= continues once this is fixed"
-    return re.sub(r"Nothing was trained([.;])", lambda m: kept + m.group(1), text)
+    note = layout.checkpoint_note(checkpoint_dir)
+    kept = f"Training had run: {note}" + ("" if note.startswith("no checkpoint") else "; resume= continues once this is fixed")
+    return re.sub(r"nothing was trained([.;])", lambda m: kept + m.group(1), text, flags=re.I)
 
 
 def deleted_line(err: BaseException) -> str:

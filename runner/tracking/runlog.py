@@ -23,12 +23,16 @@ log = logging.getLogger("runner")
 
 
 def local_store_gone(uri: str) -> bool:
-    """Whether a local SQLite store's file was deleted or made read-only under the run: waiting for it is waiting
-    for nothing, so what is left goes to the outbox at once."""
+    """Whether a local SQLite store's file was deleted, or it or its directory made read-only, under the run:
+    waiting for it is waiting for nothing, so what is left goes to the outbox at once."""
     if not uri.startswith("sqlite:///"):
         return False
     path = uri[len("sqlite:///") :].split("?", 1)[0]
-    return not os.path.isfile(path) or not os.access(path, os.W_OK)
+    if not path or path == ":memory:":
+        return False
+    path = os.path.abspath(path)
+    writable = os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK)  # SQLite writes its journal beside
+    return not os.path.isfile(path) or not writable
 
 
 class RunLog:

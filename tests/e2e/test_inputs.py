@@ -216,7 +216,7 @@ def test_a_users_callback_that_raises_mid_training_ends_in_one_paragraph_naming_
     result = results["user-callback-raises"]
     assert result.returncode == 6, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
-    said = "executor.callbacks[0]._target_='my_callbacks.FailsAtEpochEnd' raised during training at step 8: "
+    said = "executor.callbacks[0]._target_='my_callbacks.FailsAtEpochEnd' raised during training (after step 8): "
     assert said in result.stderr and "RuntimeError: no room left for epoch 0's log" in result.stderr, result.stderr
     assert f"{USER / 'my_callbacks.py'}, line " in result.stderr
     assert "the latest checkpoint is step 8" in result.stderr and "resume=" in result.stderr

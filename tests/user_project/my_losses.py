@@ -23,11 +23,3 @@ def batch_mean_crossentropy(y_true, y_pred):
 def raising_loss(y_true, y_pred):
     """Fails on every batch (tests/unit/builders/test_loss.py: refused by the probe before the first step)."""
     raise ValueError("labels and outputs disagree")
-
-
-def gradientless_loss(y_true, y_pred):
-    """Depends on the output only through argmax: no gradient reaches the weights (refused by the probe)."""
-    import tensorflow as tf
-
-    wrong = tf.cast(tf.not_equal(tf.argmax(y_pred, axis=-1), tf.cast(y_true, tf.int64)), tf.float32)
-    return wrong

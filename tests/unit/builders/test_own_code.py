@@ -57,7 +57,7 @@ def test_an_error_raised_in_a_targets_file_is_named_by_its_key_and_line(user_mod
         told = own_code.raised(err, _cfg(), step=12, output_dir="/out", checkpoint_dir=None)
     assert isinstance(told, UserCodeError) and told.exit_code == 6
     text = str(told)
-    assert text.startswith("executor.callbacks[0]._target_='user_hooks.hook' raised during training at step 12: ")
+    assert text.startswith("executor.callbacks[0]._target_='user_hooks.hook' raised during training (after step 12): ")
     assert f"KeyError: 'epoch' ({user_module.resolve()}, line 7)" in text  # helper's raise: the innermost place
     assert "no checkpoint was written" in text and text.endswith("python -m runner resume=/out.")
 
@@ -75,7 +75,8 @@ def test_the_runners_errors_and_libraries_errors_are_left_to_the_others(user_mod
     except Exception as err:  # noqa: BLE001
         assert own_code.raised(err, _cfg()) is None
     builtin = _cfg(metrics=[{"_target_": "omegaconf.OmegaConf.create"}])  # a library's target is not the user's
-    assert "train.metrics[0]" not in dict(own_code.own_files(builtin).values())
+    keys = [key for entries in own_code.own_files(builtin).values() for key, _, _ in entries]
+    assert keys == ["executor.callbacks[0]"]
 
 
 def test_no_gradient_through_the_users_loss_names_the_loss(user_module):
@@ -99,5 +100,54 @@ def test_sys_exit_in_the_users_code_mid_training_is_not_a_finished_run(user_modu
         user_hooks.leave()
     except SystemExit as err:
         told = own_code.raised(err, _cfg(), step=3)
-    assert "raised during training at step 3: it called sys.exit(0) (" in str(told) and told.exit_code == 6
+    assert "raised during training (after step 3): it called sys.exit(0) (" in str(told) and told.exit_code == 6
     assert own_code.raised(KeyboardInterrupt(), _cfg()) is None  # Ctrl-C is the stop's, not the user's error
+
+
+def test_one_file_of_several_targets_names_the_one_whose_code_raised(user_module):
+    """A project's model, loss and callbacks in one file: the key whose function holds the line, not the first."""
+    import user_hooks
+
+    cfg = _cfg(loss={"_target_": "user_hooks.leave"})
+    cfg.model._target_ = "user_hooks.hook"
+    cfg.executor.callbacks[0]._target_ = "user_hooks.helper"
+    try:
+        user_hooks.hook()
+    except KeyError as err:
+        text = str(own_code.raised(err, cfg, step=2))
+    assert text.startswith("executor.callbacks[0]._target_='user_hooks.helper' raised during training (after step 2)")
+
+
+def test_where_tensorflow_made_an_op_is_not_where_the_users_code_failed(user_module):
+    """A graph error's "Detected at node ... defined at" trace names where an op was made (the user's model), and
+    an out-of-memory error is the machine's: neither is blamed on the user's code."""
+    oom = type("ResourceExhaustedError", (Exception,), {})(
+        f'Graph execution error:\n\nDetected at node dense/MatMul defined at (most recent call last):\n  File "{user_module}", '
+        "line 3, in hook\n\nOOM when allocating tensor"
+    )
+    assert own_code.raised(oom, _cfg()) is None
+    noted = ValueError(f'Graph execution error:\n\nDetected at node x defined at:\n  File "{user_module}", line 3\n')
+    assert own_code.raised(noted, _cfg()) is None
+
+
+def test_before_the_first_step_nothing_was_trained_and_a_wrapped_stop_is_the_stops(user_module):
+    import signal
+
+    import user_hooks
+
+    from runner.control.stopping import Stopped
+
+    try:
+        user_hooks.hook()
+    except KeyError as err:
+        text = str(own_code.raised(err, _cfg(), trained=False))
+    assert "raised before the first training step: KeyError: 'epoch'" in text and text.endswith(
+        "Nothing was trained; fix it and run again."
+    )
+    try:
+        try:
+            raise Stopped(signal.SIGINT, "stopped by SIGINT")
+        except Stopped as stop:
+            raise RuntimeError("my code caught the stop") from stop
+    except RuntimeError as wrapped:
+        assert own_code.raised(wrapped, _cfg()) is None

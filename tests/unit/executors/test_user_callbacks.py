@@ -56,3 +56,19 @@ def test_a_keras3_model_takes_keras3_callbacks_and_refuses_tf_keras_ones(user_pr
         build_callbacks(OmegaConf.create([{"_target_": "my_callbacks.EpochLog", "path": "e.jsonl"}]), keras)
     said = str(err.value)
     assert "returned EpochLog, not a keras.callbacks.Callback" in said and "Keras 3" in said and "\n" not in said
+
+
+@pytest.mark.slow  # imports TensorFlow (tf_keras)
+def test_a_stop_while_a_callback_is_made_is_the_stop_not_a_bad_callback(user_project, tmp_path, monkeypatch):
+    """Hydra's instantiate wraps what a _target_ raises; Ctrl-C landing in the callback's module import is the run's
+    stop (130, KILLED), not "could not be made" (exit 2)."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    from runner.control.stopping import Stopped
+    from runner.executors.user_callbacks import build_callbacks
+
+    (tmp_path / "slow_callbacks.py").write_text(
+        "import signal\nfrom runner.control.stopping import Stopped\nraise Stopped(signal.SIGINT, 'stopped by SIGINT')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(Stopped):
+        build_callbacks(OmegaConf.create([{"_target_": "slow_callbacks.Hook"}]))

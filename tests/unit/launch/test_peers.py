@@ -75,4 +75,4 @@ def test_tensorflows_watcher_threads_end_on_a_lost_peer_in_one_line(caplog, monk
         thread.start()
         thread.join()
     assert printed == ["mine"]  # another thread's error is still printed as Python prints it
-    assert "TensorFlow's PeerTerminationWatcher-1 thread ended on a lost peer (UnavailableError: Socket closed)" in caplog.text
+    assert "TensorFlow's PeerTerminationWatcher-1 thread ended (UnavailableError: Socket closed): a peer is gone" in caplog.text

@@ -94,5 +94,5 @@ def test_an_image_the_decoder_refuses_is_found_and_named(tmp_path):
     cfg = OmegaConf.create({"name": "image_folder", "train_dir": str(folder), "color_mode": "rgb"})
     png = "Graph execution error:\n\nInvalid PNG. Failed to initialize decoder.\n\t [[{{node DecodePng}}]] [Op:x]"
     message = str(damaged_data(named("InvalidArgumentError")(png), cfg, 7))
-    assert message.startswith(f"reading the data failed at step 7: an image the decoder refuses: {bad} (data.train_dir)")
+    assert message.startswith(f"reading the data failed at step 7: an image the decoder refuses: {bad} (data.train_dir: ")
     assert "Replace or remove that file" in message and "\n" not in message

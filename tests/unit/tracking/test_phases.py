@@ -69,3 +69,5 @@ def test_an_error_raised_after_training_does_not_say_nothing_was_trained(monkeyp
         f"Training had run: the latest checkpoint is step 40 in {tmp_path}; resume= continues once this is fixed; "
         "fix the function."
     )
+    lower = "the tfrecord files changed; nothing was trained."
+    assert said_after_training(lower, None) == "the tfrecord files changed; Training had run: no checkpoint was written."
