@@ -158,6 +158,13 @@ def raised(err: BaseException, cfg, step=None, output_dir=None, checkpoint_dir=N
         kept = f"The run stopped; {layout.checkpoint_note(checkpoint_dir)}. Fix it, then continue with: {resume}."
     else:
         when, kept = "before the first training step", "Nothing was trained; fix it and run again."
+    told = _told(err, files, when, kept)
+    if told is not None:
+        told.trained_nothing = not trained  # refused before the first step: its run is deleted, as other refusals'
+    return told
+
+
+def _told(err, files, when: str, kept: str) -> UserCodeError | None:
     owners = {k: (k, t) for entries in files.values() for k, t, _ in entries}
     if NO_GRADIENT in str(err) and ("train.loss" in owners or "model" in owners):
         key, target = owners.get("train.loss") or owners["model"]

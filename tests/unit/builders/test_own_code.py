@@ -140,10 +140,12 @@ def test_before_the_first_step_nothing_was_trained_and_a_wrapped_stop_is_the_sto
     try:
         user_hooks.hook()
     except KeyError as err:
-        text = str(own_code.raised(err, _cfg(), trained=False))
+        told = own_code.raised(err, _cfg(), trained=False)
+    text = str(told)
     assert "raised before the first training step: KeyError: 'epoch'" in text and text.endswith(
         "Nothing was trained; fix it and run again."
     )
+    assert told.trained_nothing  # refused before the first step: its run is deleted, as other refusals' are
     try:
         try:
             raise Stopped(signal.SIGINT, "stopped by SIGINT")
