@@ -45,3 +45,18 @@ class DataRefused(DataError):
     """data.verify found a damaged record before training: the file and record are named, nothing was trained."""
 
     trained_nothing = True
+
+
+def chain(err: BaseException) -> list[BaseException]:
+    """`err` and the errors it was raised from or during, outermost first."""
+    seen = []
+    while err is not None and all(err is not e for e in seen):
+        seen.append(err)
+        err = err.__cause__ or err.__context__
+    return seen
+
+
+def runners_own(err: BaseException) -> RunnerError | None:
+    """The runner's own error (a stop, a refusal) in `err`'s chain: what a wrapper (user code, Hydra's instantiate)
+    raised around it, else None."""
+    return next((e for e in chain(err) if isinstance(e, RunnerError)), None)

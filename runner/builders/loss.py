@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.builders.targets import callable_at, per_example_function, probe_examples, reason
+from runner.builders.targets import callable_at, per_example_function, probe_examples, ran_on_probe, reason
 from runner.errors import ConfigError, RunnerError
 
 
@@ -175,18 +175,15 @@ def check_user_loss(spec, model, data, keras) -> None:
         raise
     except Exception:  # noqa: BLE001  (the model's own failure: its checks and the step say it)
         return
-    try:
-        loss(y, y_pred)
-    except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
-        raise
-    except Exception as err:  # noqa: BLE001  (the user's loss on the model's output: said in one line)
-        if not real:
-            return  # the probe's own zeros: the step, on the real batches, says what is wrong
-        raise ConfigError(
+    ran_on_probe(
+        lambda: loss(y, y_pred),
+        real,
+        lambda err: (
             f"train.loss._target_={spec.get('_target_')!r} failed on the model's output for the data's first two "
             f"examples: {error_line(err)}. Fix the function (it gets y_true and y_pred, the model's output). Nothing "
             "was trained."
-        ) from None
+        ),
+    )
 
 
 def _per_example_checked(loss, what: str):

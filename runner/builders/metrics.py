@@ -20,7 +20,7 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from runner.builders.targets import callable_at, per_example_function, probe_examples, reason
+from runner.builders.targets import callable_at, per_example_function, probe_examples, ran_on_probe, reason
 from runner.errors import ConfigError, RunnerError
 
 KEY = "train.metrics"
@@ -150,6 +150,7 @@ def check_metrics(
 
     x, y, real = probe_examples(data)  # real=False: zeros shaped like the data, so a failure may be theirs
     y_pred = model(x, training=False)
+    shapes = f"outputs of shape {tuple(y_pred.shape)}, labels of shape {tuple(np.shape(y))}"
     for i, metric in enumerate(build_own(specs)):
         key, name = f"{KEY}[{i}]", metric.name
         if not NAME.match(name) or ".." in name:
@@ -163,19 +164,16 @@ def check_metrics(
                 f"MLflow metric. Give it another name ({key}.name=... in its node)."
             )
         taken[name] = f"{key}"
-        try:
-            metric.update_state(y, y_pred)
-            float(metric.result())
-        except RunnerError:  # a stop (Ctrl-C, SIGTERM) or a refusal inside it: not the user's error
-            raise
-        except Exception as err:  # noqa: BLE001  (the user's metric on the model's output: said in one line)
-            if not real:
-                continue  # the probe's own zeros: the step, on the real batches, says what is wrong
-            raise ConfigError(
-                f"{key}._target_={specs[i].get('_target_')!r} failed on the model's output for two examples "
-                f"(outputs of shape {tuple(y_pred.shape)}, labels of shape {tuple(np.shape(y))}): {_said(err)}. "
+        target = specs[i].get("_target_")
+        if not ran_on_probe(
+            lambda metric=metric: (metric.update_state(y, y_pred), float(metric.result())),
+            real,
+            lambda err, key=key, target=target: (
+                f"{key}._target_={target!r} failed on the model's output for two examples ({shapes}): {_said(err)}. "
                 "Check its arguments (tf_keras' classification metrics take from_logits: the models output logits)."
-            ) from None
+            ),
+        ):
+            continue
         if is_per_example(metric) and float(metric.count.numpy()) < 2:  # two examples counted once: a batch's number
             raise ConfigError(
                 f"{key}._target_={specs[i].get('_target_')!r} gave one number per batch, not one per example: the "

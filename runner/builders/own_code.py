@@ -17,7 +17,7 @@ import traceback
 
 from runner.builders.targets import locate
 from runner.config import layout
-from runner.errors import RunnerError, UserCodeError
+from runner.errors import UserCodeError, chain, runners_own
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _ERROR_LINE = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\w*): (.+)$")
@@ -99,14 +99,6 @@ def _owner(entries, line: int) -> tuple[str, str]:
     return f"the code of {keys} (one file)", ""
 
 
-def _chain(err: BaseException):
-    seen = []
-    while err is not None and err not in seen:
-        seen.append(err)
-        err = err.__cause__ or err.__context__
-    return seen
-
-
 # TensorFlow errors about the machine or the cluster, whatever op they name: never the user's code
 NOT_CODE = ("ResourceExhaustedError", "UnavailableError", "DeadlineExceededError", "AbortedError", "DataLossError")
 
@@ -123,7 +115,7 @@ def _places(err: BaseException) -> list[tuple[str, int]]:
     """(file, line) of every Python frame and every `File "...", line N` of TensorFlow's user-code notes, outermost
     first."""
     places = []
-    for e in reversed(_chain(err)):
+    for e in reversed(chain(err)):
         places += [(os.path.realpath(f.filename), f.lineno or 0) for f in traceback.extract_tb(e.__traceback__)]
         if type(e).__name__ not in NOT_CODE:
             places += [(os.path.realpath(path), int(line)) for path, line in _FILE_LINE.findall(_user_code_notes(str(e)))]
@@ -146,8 +138,7 @@ def raised(err: BaseException, cfg, step=None, output_dir=None, checkpoint_dir=N
     gradient through the user's loss or model; else None (the runner's own errors, a stop wrapped by user code, and
     everything else). A SystemExit from the user's code is one too: sys.exit(0) in a callback must not end a
     half-trained run with exit 0. `trained`: whether a training step had run (what the paragraph says was kept)."""
-    chain = _chain(err)
-    if not isinstance(err, (Exception, SystemExit)) or any(isinstance(e, RunnerError) for e in chain):
+    if not isinstance(err, (Exception, SystemExit)) or runners_own(err) is not None:
         return None
     files = own_files(cfg)
     if not files:

@@ -78,3 +78,20 @@ def callable_at(key: str, target, hint: str):
     if not callable(fn):
         raise ConfigError(f"{what} is a {type(fn).__name__}, not a class or a function. {hint}")
     return fn
+
+
+def ran_on_probe(call, real: bool, refusal) -> bool:
+    """A user's function run on the probe examples (`probe_examples`): True when it ran; False when it failed on
+    the probe's own zeros (the step, on the real batches, says what is wrong); ConfigError(refusal(err)) when it
+    failed on the data's own examples. The runner's own errors (a stop, a refusal inside it) pass through."""
+    from runner.errors import ConfigError, RunnerError
+
+    try:
+        call()
+    except RunnerError:
+        raise
+    except Exception as err:  # noqa: BLE001  (the user's function on the model's output: said in one line)
+        if not real:
+            return False
+        raise ConfigError(refusal(err)) from None
+    return True

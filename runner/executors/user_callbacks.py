@@ -11,7 +11,7 @@ def build_callbacks(specs, keras=None) -> list:
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    from runner.errors import ConfigError
+    from runner.errors import ConfigError, runners_own
 
     made = []
     for i, spec in enumerate(specs or []):
@@ -22,7 +22,7 @@ def build_callbacks(specs, keras=None) -> list:
         try:
             callback = instantiate(spec)
         except InstantiationException as err:
-            stop = _runners_own(err)
+            stop = runners_own(err)
             if stop is not None:  # Hydra wraps whatever the call raised: a stop (Ctrl-C) inside it is the stop
                 raise stop from None
             said = str(err).strip().splitlines()[0]
@@ -39,16 +39,3 @@ def build_callbacks(specs, keras=None) -> list:
             )
         made.append(callback)
     return made
-
-
-def _runners_own(err: BaseException):
-    """The runner's own error (a stop, a refusal) inside the chain Hydra wrapped, else None."""
-    from runner.errors import RunnerError
-
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, RunnerError):
-            return err
-        err = err.__cause__ or err.__context__
-    return None
