@@ -228,6 +228,43 @@ def training_ended(job: Job) -> None:
     job.reporter.deliver_soon()
 
 
+def nothing_left(result: Result, run, global_batch_size: int, replicas: int) -> Result:
+    """An attempt that resumed at the run's last step (the one before was killed after its last checkpoint) trained
+    nothing: the run still ends with its figures, the last training loss and the throughput that earlier attempts
+    logged (`run.earlier`, from MLflow), and its evaluation and summary logged at that step."""
+    earlier = getattr(run, "earlier", None) or {}
+    summary = dict(earlier.get("summary") or {}) or windows_summary(earlier.get("windows") or [], global_batch_size, replicas)
+    loss = earlier.get("loss")
+    final = float(loss[1]) if loss and loss[0] == result.steps else result.final_loss
+    log.info(
+        "nothing left to train: the checkpoint is at the last step (%d); %s",
+        result.steps,
+        "the final loss and throughput are those the earlier attempt logged"
+        if not math.isnan(final)
+        else "the earlier attempt's final loss is not known here (no MLflow run holds it)",
+    )
+    run.log_end({**result.eval, **summary}, result.steps)
+    rate = summary.get("summary/examples_per_sec")
+    return Result(result.steps, final, result.eval, rate, summary)
+
+
+def windows_summary(windows: Sequence, global_batch_size: int, replicas: int) -> dict[str, float]:
+    """summary/ figures from the throughput windows a run logged, [step, examples/s] each: the examples over the
+    time they took (each window's steps at its own rate), as Throughput.summary gives them from its clock."""
+    points = sorted((int(s), float(r)) for s, r in windows if r and r > 0)
+    if not points:
+        return {}
+    steps = [b[0] - a[0] for a, b in zip(points, points[1:])]
+    steps = [steps[0] if steps else 1, *steps]  # the first window's start is not logged: as long as the next
+    seconds = sum(n * global_batch_size / rate for n, (_, rate) in zip(steps, points))
+    eps = sum(steps) * global_batch_size / seconds
+    return {
+        "summary/examples_per_sec": eps,
+        "summary/examples_per_sec_per_replica": eps / replicas,
+        "summary/step_time_ms": 1000.0 * global_batch_size / eps,
+    }
+
+
 def done_line(result: Result, summary: dict[str, float]) -> str:
     """The last line of a run, also read by benchmarks/run.py."""
     parts = [f"done: {result.steps} steps, final loss {result.final_loss:.4f}"]

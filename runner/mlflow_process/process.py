@@ -224,7 +224,9 @@ class Calls:
             self.log_text(run.info.run_id, "\n".join(overrides) + "\n", "overrides.txt")
         if not attached:  # the training process ends the run: record it as the owner; fail runs whose owner died
             store.started(client, run, cfg.train.epochs, self.owner_pid)
+        earlier = store.earlier_figures(client, run.info.run_id) if attached or resumed else None
         return {
+            "earlier": earlier,  # for an attempt with nothing left to train (runner.executors.base.nothing_left)
             "run_id": run.info.run_id,
             "logged_through": logged_through,
             "experiment_id": run.info.experiment_id,

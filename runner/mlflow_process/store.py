@@ -216,3 +216,17 @@ def sweep_parent(client, uri: str, parent_file: str) -> str:
         contract.announce_parent_run(parent_file, run.info.run_id)
     log.info("MLflow parent run %s (%s) for the sweep", run.info.run_name, run.info.run_id)
     return run.info.run_id
+
+
+def earlier_figures(client, run_id: str) -> dict:
+    """What earlier attempts of a continued run logged that its end reports, for an attempt that finds nothing left
+    to train (killed after its last checkpoint): the last training loss, the throughput windows as [step, examples/s]
+    and the summary/ figures if an attempt got that far. Read after its journal was delivered."""
+    latest = client.get_run(run_id).data.metrics
+    losses = sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, "loss"))
+    windows = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "throughput/examples_per_sec"))
+    return {
+        "loss": [losses[-1][0], losses[-1][2]] if losses else None,
+        "windows": [list(w) for w in windows],
+        "summary": {k: v for k, v in latest.items() if k.startswith("summary/")},
+    }

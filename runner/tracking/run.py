@@ -391,4 +391,5 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, e
         experiment_id=started.get("experiment_id"),
         previous_status=started.get("previous_status"),
         put_back=started.get("put_back"),
+        earlier=started.get("earlier"),
     )

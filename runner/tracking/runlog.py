@@ -54,6 +54,7 @@ class RunLog:
         experiment_id: str | None = None,
         previous_status: str | None = None,
         put_back: dict | None = None,
+        earlier: dict | None = None,
     ):
         self._client, self.run_id, self.tracking_uri, self.experiment_id = client, run_id, uri, experiment_id
         self.previous_status = previous_status  # a continued run's status before this attempt (None: a new run)
@@ -64,6 +65,7 @@ class RunLog:
         self._metrics, self._tags = [], []
         # Steps an earlier, killed attempt already logged (its journal was delivered): not logged twice.
         self.logged_through = logged_through
+        self.earlier = earlier  # a continued run's figures so far (store.earlier_figures); None for a new run
         self.last_step: int | None = None  # the last step metrics were logged at (named when the data breaks)
         self._fresh = []  # values logged since the last journal write
         self._journal = journal.Journal(outbox_dir, logged_through) if outbox_dir else None
@@ -85,6 +87,14 @@ class RunLog:
         step = self.last_step = int(step)
         if self.logged_through is not None and step <= self.logged_through:
             return
+        self._queue(values, now, step)
+
+    def log_end(self, values: dict[str, float], step: int) -> None:
+        """The run's end figures (evaluation, summary) at `step`, even where an earlier attempt logged the steps
+        up to it: an attempt that resumed at the last step trains nothing, but ends the run all the same."""
+        self._queue(values, int(time.time() * 1000), int(step))
+
+    def _queue(self, values: dict[str, float], now: int, step: int) -> None:
         rows = [(k, float(v), now, step) for k, v in values.items()]
         with self._lock:
             self._metrics.extend(rows)
@@ -284,9 +294,12 @@ class RunLog:
 class NullRun:
     """What a non-chief task reports to: nothing, so each metric is logged once per cluster."""
 
-    run_id = last_step = None
+    run_id = last_step = earlier = None
 
     def log_metrics(self, values, step):
+        pass
+
+    def log_end(self, values, step):
         pass
 
     def flush(self):

@@ -1,8 +1,12 @@
 """Metrics survive a kill -9: the journal holds what was logged up to about a second before, and resume=
-delivers it first, so the run's history ends whole, with no gap and no step twice."""
+delivers it first, so the run's history ends whole, with no gap and no step twice; an attempt killed after its
+last checkpoint leaves the next nothing to train, which ends the run with its figures all the same."""
 
+import json
+import math
 import re
 import signal
+import statistics
 import time
 
 import pytest
@@ -44,15 +48,28 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
 
     client = MlflowClient(runner.uri)
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
-    resumed = run_runner([*ARGS, f"resume={run_dir}"], cwd=runner.root, run_dir=run_dir, tracking_uri=runner.uri)
-    assert resumed.returncode == 0, resumed.output[-3000:]
-    assert f"steps up to {logged_through} logged" in resumed.output
+    # The resume trains to the end and is killed in turn after its last checkpoint, as it evaluates: the next
+    # attempt has nothing left to train, and still ends the run with its figures.
+    again = LiveRun([*ARGS, f"resume={run_dir}"], runner.root, run_dir, runner.uri)
+    again.wait_for(lambda line: "evaluation:" in line, 240)
+    again.proc.send_signal(signal.SIGKILL)
+    _, said = again.finish(timeout=30)
+    assert f"steps up to {logged_through} logged" in said
+    last = run_runner([*ARGS, f"resume={run_dir}"], cwd=runner.root, run_dir=run_dir, tracking_uri=runner.uri)
+    assert last.returncode == 0, last.output[-3000:]
+    assert "nothing left to train: the checkpoint is at the last step (6000)" in last.output, last.output[-3000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
+    ended = json.loads((run_dir / "summary.json").read_text())
+    for figures in (run.data.metrics, ended):
+        assert {"eval/loss", "summary/examples_per_sec"} <= set(figures), sorted(figures)
+    assert ended["final_loss"] == run.data.metrics["loss"] and math.isfinite(ended["final_loss"])
+    windows = statistics.median(m.value for m in client.get_metric_history(run_id, "throughput/examples_per_sec"))
+    assert 0.2 < ended["summary/examples_per_sec"] / windows < 5  # the attempts' own windows, not a figure from nowhere
     steps = [m.step for m in client.get_metric_history(run_id, "loss")]
     assert sorted(steps) == list(range(5, 6001, 5)), (
         "every logged step once: no gap, no step twice",
         sorted(set(range(5, 6001, 5)) ^ set(steps))[:20],
-        resumed.output[-3000:],
+        last.output[-3000:],
     )
     assert not (run_dir / "mlflow_journal.jsonl").exists()  # a run that ended with everything delivered keeps none

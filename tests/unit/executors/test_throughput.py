@@ -44,3 +44,19 @@ def test_a_resume_without_a_pause_or_before_the_first_step_changes_nothing(clock
     meter.resume()
     steps(meter, clock, 6, 9, 0.02)
     assert meter.window()["throughput/step_time_ms"] == pytest.approx(20.0)
+
+
+def test_the_summary_from_logged_windows_is_the_meters_own_when_windows_are_whole(clock):
+    """An attempt that resumed at the last step rebuilds summary/ from the windows earlier attempts logged
+    (base.windows_summary); with no pause, that is what the meter's clock gave."""
+    meter = base.Throughput(global_batch_size=10, replicas=2)
+    meter.start()
+    steps(meter, clock, 1, 1, 0.5)  # warm-up
+    windows = []
+    for first, last, seconds in ((2, 6, 0.01), (7, 11, 0.03), (12, 16, 0.02)):
+        steps(meter, clock, first, last, seconds)
+        windows.append([last, meter.window()["throughput/examples_per_sec"]])
+    rebuilt, own = base.windows_summary(windows, 10, 2), meter.summary()
+    for key in ("summary/examples_per_sec", "summary/examples_per_sec_per_replica", "summary/step_time_ms"):
+        assert rebuilt[key] == pytest.approx(own[key])
+    assert base.windows_summary([], 10, 2) == {}
