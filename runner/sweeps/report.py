@@ -86,6 +86,15 @@ def _job_row(record: dict, swept=()) -> dict:
     }
 
 
+def _why(record: dict) -> str:
+    """'; <its error line>' of a failed job's record: the paragraph it ended with, which many lines of other jobs
+    may have pushed far above the sweep's last line ('' when its output held none)."""
+    said = [line.strip() for line in (record.get("error") or "").splitlines() if line.strip()]
+    errors = [line for line in said if line.startswith(("Error", "Stopped"))]
+    line = (errors or said or [""])[-1]
+    return f"; it said: {line[:300]}{'...' if len(line) > 300 else ''}" if line else ""
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4f}"
@@ -269,7 +278,8 @@ def write_report(
     plotted = rows
     extra = [_job_row(s, swept) for s in runless]  # ranked: after the jobs with an objective (they have none)
     rows = rows + extra if objective else sorted(rows + extra, key=lambda r: r["job"])
-    failed = [f"#{s['num']} ({' '.join(s['overrides'])})" for s in sorted(results, key=lambda s: s["num"]) if s["returncode"]]
+    ended = sorted(results, key=lambda s: s["num"])
+    failed = [f"#{s['num']} ({' '.join(s['overrides'])}{_why(s)})" for s in ended if s["returncode"]]
     failed += [
         f"#{r['job']} ({r['run']})"
         for r in rows  # in job order

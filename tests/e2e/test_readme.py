@@ -217,7 +217,9 @@ class Scratch:
 
 
 def _ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    # a sweep's failed job said why far above the tails: its error and warning lines come first
+    said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if re.search(r"Error|ERROR|WARNING", line))
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{said[-4000:]}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
