@@ -31,6 +31,7 @@ import sys  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 
 from runner.app import main, output_dir_problem, with_resumed_overrides  # noqa: E402  (env first: before TensorFlow)
+from runner.config import kubernetes_pod  # noqa: E402
 from runner.config.command_line import command_problem, config_only, unreadable_override_problem  # noqa: E402
 from runner.control.claims import claim_from_command_line  # noqa: E402
 from runner.errors import ConfigError  # noqa: E402
@@ -45,6 +46,8 @@ def cli() -> None:
             raise ConfigError(problem)
         sys.argv[1:] = with_resumed_overrides(sys.argv[1:])  # Hydra reads sys.argv
         argv = sys.argv[1:]
+        if not config_only(argv):  # a pod of cluster=kubernetes: its TF_CONFIG, which the directory claims read
+            kubernetes_pod.from_command_line(argv)
         checks = (command_problem, unreadable_override_problem, output_dir_problem, claim_from_command_line)
         problem = next((text for check in checks if (text := check(argv))), "")
     except ConfigError as err:

@@ -477,3 +477,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --- Kubernetes manifests (python -m runner.kubernetes) against the schemas the API server uses ------------------
+KUBERNETES = "1.37.0"  # the newest release kubernetes-validate holds
+# the openAPIV3Schema of JobSet v0.12.0's CRD (kubernetes-sigs/jobset,
+# config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml), descriptions left out
+JOBSET_SCHEMA = ROOT / "tests" / "data" / "jobset-v0.12.0-v1alpha2.schema.json.gz"
+
+
+def _strict(schema):
+    """The CRD schema as the API server's strict field validation reads it: a field it does not list is an error."""
+    if isinstance(schema, dict):
+        schema = {k: _strict(v) for k, v in schema.items()}
+        open_ended = "additionalProperties" in schema or schema.get("x-kubernetes-preserve-unknown-fields")
+        if "properties" in schema and not open_ended:
+            schema["additionalProperties"] = False
+        return schema
+    return [_strict(s) for s in schema] if isinstance(schema, list) else schema
+
+
+def validate_manifest(document):
+    import gzip
+    import json
+
+    import jsonschema
+    import kubernetes_validate
+
+    if document["apiVersion"] == "jobset.x-k8s.io/v1alpha2":
+        jsonschema.validate(document, _strict(json.loads(gzip.decompress(JOBSET_SCHEMA.read_bytes()))))
+        for job in document["spec"]["replicatedJobs"]:  # the Jobs inside, against Kubernetes' own Job schema
+            validate_manifest({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]}, **job["template"]})
+    else:
+        kubernetes_validate.validate(document, KUBERNETES, strict=True)

@@ -83,6 +83,9 @@ def clean_leftovers() -> list[str]:
         if not _alive(int(NAME.match(name).group(1))):
             _ip("link", "delete", name, check=False)
             removed.append(name)
+    for name in ours(os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []):
+        if not _alive(int(NAME.match(name).group(1))):
+            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)  # a namespace's /etc/hosts
     return removed
 
 
@@ -158,9 +161,22 @@ class NetnsCluster:
             _kill_in(ns)
         for ns in ours(namespaces(), self.tag):
             _ip("netns", "delete", ns, check=False)
+        for i in range(self.n):
+            shutil.rmtree(f"/etc/netns/{self.ns(i)}", ignore_errors=True)
         for link in ours(links(), self.tag):
             _ip("link", "delete", link, check=False)
         self.started = False
+
+    def hosts(self, names: dict) -> None:
+        """/etc/hosts in every namespace of this cluster (`ip netns exec` mounts /etc/netns/<ns>/hosts over it):
+        the machine's own, then `names` ({host name: address})."""
+        with open("/etc/hosts") as f:
+            base = f.read()
+        lines = "".join(f"{address} {name} {name.split('.')[0]}\n" for name, address in names.items())
+        for i in range(self.n):
+            os.makedirs(f"/etc/netns/{self.ns(i)}", exist_ok=True)
+            with open(f"/etc/netns/{self.ns(i)}/hosts", "w") as f:
+                f.write(base.rstrip("\n") + "\n" + lines)
 
     def leftovers(self) -> list[str]:
         return ours(namespaces(), self.tag) + ours(links(), self.tag)
@@ -219,17 +235,26 @@ class Tasks:
     task k of the cluster spec in namespace k, each with the TF_CONFIG a Kubernetes operator would give its pod
     (the namespaces' addresses, one port for all). Each task's output goes to <root>/<job>-<i>.out."""
 
-    def __init__(self, netns: NetnsCluster, jobs: dict, argv, root, env: dict, port: int = 2222):
+    def __init__(self, netns: NetnsCluster, jobs: dict, argv, root, env: dict, port: int = 2222, pods=None):
+        """`pods`: instead of a TF_CONFIG, the pods of a Kubernetes job: pods(job, i) -> (its DNS name, the environment
+        Kubernetes gives it); every namespace's /etc/hosts then holds those names, as a headless Service's DNS would."""
         self.names = [f"{job}:{i}" for job, n in jobs.items() for i in range(n)]
         if len(self.names) > netns.n:
             raise ValueError(f"{len(self.names)} tasks need {len(self.names)} namespaces; the cluster has {netns.n}")
         self.netns, self.root = netns, root
         self.ns_of = {name: k for k, name in enumerate(self.names)}
         self.spec = {job: [f"{netns.address(self.ns_of[f'{job}:{i}'])}:{port}" for i in range(n)] for job, n in jobs.items()}
+        if pods is not None:
+            names = {name: pods(name.partition(":")[0], int(name.partition(":")[2]))[0] for name in self.names}
+            netns.hosts({names[name]: netns.address(self.ns_of[name]) for name in self.names})
+            self.spec = {job: [f"{names[f'{job}:{i}']}:{port}" for i in range(n)] for job, n in jobs.items()}
         self.procs, self.started = {}, {}
         for name in self.names:
             job, _, index = name.partition(":")
-            task_env = dict(env, TF_CONFIG=json.dumps({"cluster": self.spec, "task": {"type": job, "index": int(index)}}))
+            if pods is not None:
+                task_env = dict(env, **pods(job, int(index))[1])
+            else:
+                task_env = dict(env, TF_CONFIG=json.dumps({"cluster": self.spec, "task": {"type": job, "index": int(index)}}))
             with open(self.out_path(name), "w") as out:
                 self.procs[name] = netns.popen(
                     self.ns_of[name], argv(job, int(index)), cwd=root, env=task_env, stdout=out, stderr=subprocess.STDOUT

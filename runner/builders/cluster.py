@@ -213,6 +213,41 @@ def _tf_config(cfg) -> Cluster:
     return Cluster("tf_config", resolver, resolver.task_type, int(resolver.task_id))
 
 
+@dataclass
+class KubernetesClusterConfig(TFConfigClusterConfig):
+    """TF_CONFIG derived in each pod (runner.config.kubernetes_pod); the manifests: python -m runner.kubernetes."""
+
+    workers: int = ranged(2, ge=1)  # worker pods (the Indexed Job's completions, or the JobSet's worker pods)
+    ps: int = ranged(0, ge=0)  # parameter server pods (strategy=parameter_server; a chief pod is added for it)
+    port: int = ranged(2222, ge=1, le=65535)  # every task's gRPC port, as TFJob's operator gives it
+    job_name: str | None = None  # the Job's or JobSet's name (null: from the pod: its host name, or JOBSET_NAME)
+    service: str | None = None  # the headless Service, the pods' subdomain (null: named after the Job or JobSet)
+    image: str | None = None  # manifests: the container image with this project installed (required there)
+    namespace: str | None = None  # manifests: the namespace (null: kubectl's current one)
+    volume: str | None = None  # manifests: a PersistentVolumeClaim every pod mounts at mount_path (runs, checkpoints)
+    mount_path: str = "/runs"  # manifests: where the volume is mounted; the run's directory is <mount_path>/<job_name>
+    cpu: str | None = None  # manifests: each pod's CPU request and limit, e.g. "4" or "3500m" (null: none set)
+    memory: str | None = None  # manifests: each pod's memory request and limit, e.g. "8Gi" (null: none set)
+    backoff_limit: int = ranged(3, ge=0)  # manifests: pods restarted after a lost peer (exit 3) before the job fails
+
+
+def _kubernetes(cfg) -> Cluster:
+    found = _tf_config(cfg)  # TF_CONFIG derived by runner.app (runner.config.kubernetes_pod) before the checks
+    return Cluster("kubernetes", found.resolver, found.task_type, found.task_id)
+
+
+register(
+    "cluster",
+    "kubernetes",
+    schema=KubernetesClusterConfig,
+    help="TF_CONFIG derived from an Indexed Job's or a JobSet's pod; manifests: python -m runner.kubernetes",
+    processes=True,
+    reads_tf_config=True,
+    elastic_launcher="runner.launch.pods",
+    build=_kubernetes,
+)
+
+
 @option(
     "cluster",
     "slurm",

@@ -86,7 +86,7 @@ def _tf_config_jobs(environ) -> dict:
 
 def _cluster_tasks(cluster, environ) -> tuple[int, int, str]:
     """(ps tasks, training workers, where that was read) of a cluster of processes."""
-    if cluster.name == "tf_config":
+    if cluster.name in ("tf_config", "kubernetes"):
         jobs = _tf_config_jobs(environ)
         return jobs.get("ps", 0), jobs.get("worker", 0) + jobs.get("chief", 0), "TF_CONFIG"
     if cluster.name == "slurm":

@@ -78,6 +78,9 @@ def is_chief(task_type, task_id: int, jobs) -> bool:
     return task_type == "worker" and int(task_id) == 0
 
 
+READS_TF_CONFIG = ("tf_config", "kubernetes")  # clusters whose tasks read TF_CONFIG (kubernetes: derived in each pod)
+
+
 def tf_config_chief(strategy_name: str, tf_config: str | None) -> bool:
     """Whether the task a TF_CONFIG (JSON text) names is the trainer that checkpoints and logs: `is_chief` of a
     `trainer`. False when TF_CONFIG cannot be read (validation says why)."""

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.builders import strategy_auto
 from runner.builders.loss import Loss
-from runner.config import registry
+from runner.config import kubernetes_pod, registry
 from runner.config.fields import choices
 from runner.config.suggest import unknown_key_problem, unknown_keys
 from runner.errors import ConfigError
@@ -42,6 +42,8 @@ def validate(cfg: DictConfig) -> "strategy_auto.Choice | None":
     """strategy=auto resolved (it reads TF_CONFIG, Slurm's and CUDA's variables), the pure checks, then the
     pre-flight probes (ports, TF_CONFIG, MLflow server, directories, files). Returns strategy=auto's choice (None
     when the config names a strategy), for the caller to log, tag and check at start."""
+    if cfg.cluster.name == "kubernetes":  # this pod's TF_CONFIG, which the checks below and strategy=auto read
+        kubernetes_pod.derive({k: cfg.cluster[k] for k in kubernetes_pod.SHAPE}, cfg.strategy.name)
     chosen = strategy_auto.resolve(cfg)
     check_config(cfg)
     needs.preflight(cfg)
@@ -297,9 +299,9 @@ def elastic(cfg):
     if not settings or not settings.enabled:
         return
     where = f"cluster.elastic.enabled=true (cluster={cfg.cluster.name}, strategy={cfg.strategy.name})"
-    if cfg.cluster.name not in ("localhost", "ray", "slurm", "tf_config"):
+    if cfg.cluster.name not in ("localhost", "ray", "slurm", "tf_config", "kubernetes"):
         raise ConfigError(
-            f"{where}: elastic training is launched by cluster=localhost, cluster=ray, cluster=slurm and cluster=tf_config "
+            f"{where}: elastic training is launched by cluster=localhost, ray, slurm, tf_config and kubernetes "
             "so far (their launcher or agents restart the tasks); use one of them, or cluster.elastic.enabled=false."
         )
     if cfg.strategy.name not in ("multi_worker_mirrored", "parameter_server"):
@@ -324,7 +326,7 @@ def elastic(cfg):
             f"{where} goes on from the last checkpoint after a loss, and checkpoint.enabled=false writes none: set "
             "checkpoint.enabled=true (checkpoint.every_n_steps bounds the steps a loss costs)."
         )
-    if cfg.cluster.evaluator:
+    if cfg.cluster.get("evaluator"):
         raise ConfigError(
             f"{where} with cluster.evaluator=true: the side-car evaluator follows one generation of tasks; leave one of them out."
         )

@@ -169,7 +169,7 @@ def claim_output_dir(cfg) -> None:
 
     if not cfg.output_dir or os.environ.get(contract.ATTACH_RUN):
         return
-    if cfg.cluster.name == "tf_config" and not layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG")):
+    if cfg.cluster.name in layout.READS_TF_CONFIG and not layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG")):
         return
     if cfg.cluster.name == "slurm" and os.environ.get("SLURM_PROCID", "0") != str(cfg.cluster.get("ps") or 0):
         return  # the first cluster.ps tasks are ps, the next one is the chief (worker 0 without ps)

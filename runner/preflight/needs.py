@@ -364,7 +364,7 @@ def _opens_the_store(cfg) -> bool:
     tf_config task other than the chief (its store may be on another host)."""
     if os.environ.get(contract.ATTACH_RUN):
         return False
-    if cfg.cluster.name == "tf_config":
+    if cfg.cluster.name in layout.READS_TF_CONFIG:
         return layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG"))
     return cfg.cluster.name in ("local", "tpu") or bool(registry.selected(cfg, "cluster").caps.launcher)
 

@@ -116,7 +116,7 @@ def _logs_here(cfg: DictConfig) -> bool:
         return False
     if cfg.cluster.name in ("local", "tpu"):
         return True
-    if cfg.cluster.name != "tf_config":
+    if cfg.cluster.name not in layout.READS_TF_CONFIG:
         return False  # decided once the cluster is built; the MLflow process starts then
     return layout.tf_config_chief(cfg.strategy.name, os.environ.get("TF_CONFIG"))
 

@@ -103,6 +103,51 @@ def start(netns, store, name, jobs, args, resume=False, port=None) -> Tasks:
     return Tasks(netns, jobs, argv, run_root, env, port=port or next(_ports))
 
 
+def start_pods(netns, store, name, workers, ps, args) -> Tasks:
+    """The pods of the manifests `python -m runner.kubernetes <args>` prints (an Indexed Job, or a JobSet under
+    parameter_server), one namespace each: the command and environment of its container, what Kubernetes adds to a
+    pod (JOB_COMPLETION_INDEX; JobSet's annotations in the variables the manifest declares), and the DNS names of
+    the headless Service in every namespace's /etc/hosts. No TF_CONFIG: each pod derives its own."""
+    import subprocess
+
+    import yaml
+
+    root, uri = store
+    port = next(_ports)
+    generate = [sys.executable, "-m", "runner.kubernetes", *args, "cluster.image=runner:test", f"cluster.job_name={name}"]
+    generate += [f"cluster.workers={workers}", f"cluster.ps={ps}", f"cluster.port={port}", f"cluster.mount_path={root / 'netns'}"]
+    generate += [f"mlflow.tracking_uri={uri}"]
+    generate += [f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"]
+    made = subprocess.run(generate, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert made.returncode == 0, made.stderr[-3000:]
+    documents = [d for d in yaml.safe_load_all(made.stdout) if d]
+    workload = documents[-1]
+    if workload["kind"] == "Job":
+        pod = workload["spec"]["template"]["spec"]
+        service = pod["subdomain"]
+        jobs = {"worker": workers}
+    else:
+        pod = workload["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        service = name
+        jobs = {"chief": 1, "worker": workers, "ps": ps}
+    (container,) = pod["containers"]
+    declared = {e["name"]: e.get("value") for e in container["env"]}
+    annotations = {"JOBSET_NAME": name, "JOB_INDEX": "0"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TF_CONFIG")}
+    env.update(PYTHONPATH=str(ROOT), RUNNER_LAUNCH_ID=MARK)
+
+    def pods(job, i):
+        given = {k: v for k, v in declared.items() if v is not None}
+        if workload["kind"] == "JobSet":
+            given |= {**{k: annotations[k] for k in ("JOBSET_NAME", "JOB_INDEX")}, "REPLICATED_JOB_NAME": job}
+            return f"{name}-{job}-0-{i}.{service}", {**given, "JOB_COMPLETION_INDEX": str(i)}
+        return f"{name}-{i}.{service}", {**given, "JOB_COMPLETION_INDEX": str(i)}
+
+    run_root = root / "netns" / name
+    run_root.mkdir(parents=True, exist_ok=True)
+    return Tasks(netns, jobs, lambda job, i: [sys.executable, "-m", "runner", *container["args"]], run_root, env, port, pods)
+
+
 def final_loss(text):
     return float(re.search(r"done: \d+ steps, final loss ([0-9.]+)", text).group(1))
 
@@ -116,28 +161,32 @@ def test_mwms_across_namespaces_matches_one_process(netns, store, runner, execut
     """Two workers on 198.18.0.1 and .2: both finish with the same loss, and the chief's weights are those of one
     process training on the same global batch."""
     args = [*MWMS, *TINY, f"executor={executor}"]
-    tasks = start(netns, store, f"mwms-{executor}", {"worker": 2}, args)
+    name = f"mwms-{executor.replace('_', '-')}"
+    # fit: TF_CONFIG given, as a TFJob operator gives it; custom_loop: the Indexed Job of `python -m runner.kubernetes`
+    tasks = start(netns, store, name, {"worker": 2}, args) if executor == "fit" else start_pods(netns, store, name, 2, 0, args)
     reference = runner(f"netns-reference-{executor}", ["strategy=default", *TINY, f"executor={executor}"])
     assert reference.returncode == 0, reference.output[-3000:]
     codes = tasks.finish(timeout=180)
     assert codes == {"worker:0": 0, "worker:1": 0}, outputs(tasks)
-    assert "198.18.0.1:" in tasks.spec["worker"][0] and "127.0.0.1" not in str(tasks.spec)
+    assert ("198.18.0.1:" if executor == "fit" else f"{name}-0.{name}:") in tasks.spec["worker"][0]
     assert final_loss(tasks.output("worker:0")) == final_loss(tasks.output("worker:1"))
     chief = load_weights(tasks.root / "worker-0" / "model.keras")
     single = load_weights(reference.run_dir / "model.keras")
     for a, b in zip(chief, single):
         assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
-    _, run = mlflow_run_by_name(store[1], EXPERIMENT, f"mwms-{executor}")
+    _, run = mlflow_run_by_name(store[1], EXPERIMENT, name)
     assert run.info.status == "FINISHED"
     assert run.data.tags["num_workers"] == "2" and run.data.tags["num_replicas_in_sync"] == "2"
+    assert run.data.tags["cluster.name"] == ("tf_config" if executor == "fit" else "kubernetes")
     assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
 
 
 def test_parameter_server_across_namespaces_ends_by_itself(netns, store, runner):
-    """chief, worker and ps in three namespaces: the chief trains; with cluster.exit_with_chief=true the ps and the
-    worker exit 0 once the chief has ended, so every process ends by itself. Same final loss as cluster=localhost."""
-    args = [*PS, *TINY, "executor=custom_loop"]
-    tasks = start(netns, store, "ps", {"chief": 1, "worker": 1, "ps": 1}, args)
+    """chief, worker and ps in three namespaces, as the pods of the JobSet `python -m runner.kubernetes` prints: the
+    chief trains; with cluster.exit_with_chief=true (the JobSet's command sets it) the ps and the worker exit 0 once
+    the chief has ended, so every process ends by itself. Same final loss as cluster=localhost."""
+    args = ["strategy=parameter_server", *TINY, "executor=custom_loop"]  # the JobSet sets exit_with_chief
+    tasks = start_pods(netns, store, "ps", 1, 1, args)
     codes = tasks.finish(timeout=180)
     assert codes == {"chief:0": 0, "worker:0": 0, "ps:0": 0}, outputs(tasks)
     for server in ("worker:0", "ps:0"):
@@ -231,7 +280,8 @@ def test_a_parameter_server_worker_cut_off_finishes(netns, store):
 
 
 def test_an_elastic_job_trains_through_a_link_down_and_up_to_the_weights_of_one_process(netns, store, elastic_reference):
-    """cluster=tf_config cluster.elastic.enabled=true in three namespaces, as three pods of a TFJob: each runner is an
+    """cluster=kubernetes cluster.elastic.enabled=true in three namespaces, as the three pods of the Indexed Job
+    `python -m runner.kubernetes` prints (each derives its TF_CONFIG; names from /etc/hosts): each runner is an
     agent that starts its pod's trainer, worker:0's leads. worker:2's link goes down after the first checkpoint: the
     leader hears nothing from its agent for cluster.agent_timeout_sec, stops the other trainers and goes on with 2
     from that checkpoint; worker:2's agent, out of touch, stops its own trainer and calls back. The link comes up
@@ -240,7 +290,7 @@ def test_an_elastic_job_trains_through_a_link_down_and_up_to_the_weights_of_one_
     are those of one uninterrupted process (1e-5), as under localhost, Slurm and Ray (helpers.check_elastic_run)."""
     name = "netns-elastic"
     args = [*MWMS, "cluster.elastic.enabled=true", "cluster.elastic.rejoin_after_sec=0", *ELASTIC, "executor=custom_loop"]
-    tasks = start(netns, store, name, {"worker": 3}, args)
+    tasks = start_pods(netns, store, name, 3, 0, args)
     tasks.wait_for("worker:0", r"\[worker:0\].* epoch 2/12 step (8|12)/16", 240)  # past step 16's checkpoint
     down = tasks.ns_of["worker:2"]
     netns.link_down(down)
@@ -252,13 +302,14 @@ def test_an_elastic_job_trains_through_a_link_down_and_up_to_the_weights_of_one_
     codes = tasks.finish(timeout=300)
     assert codes == {"worker:0": 0, "worker:1": 0, "worker:2": 0}, outputs(tasks)
     leader, cut = tasks.output("worker:0"), tasks.output("worker:2")
-    assert "cluster.elastic: lost worker:2: its pod (198.18.0.3) is out of touch: no word for" in leader, leader[-4000:]
+    lost = r"cluster.elastic: lost worker:2: its pod \(netns-elastic-2\.netns-elastic\) is out of touch: no word for"
+    assert re.search(lost, leader), leader[-4000:]
     assert "going on with 2 worker(s)" in leader and "training again on 3 worker(s)" in leader, leader[-4000:]
-    assert "lost worker:0 at 198.18.0.1:" in cut and cut.count("in touch with worker:0") == 2, cut[-3000:]
+    assert "lost worker:0 at netns-elastic-0.netns-elastic:" in cut and cut.count("in touch with worker:0") == 2, cut[-3000:]
     assert "Traceback" not in leader + cut
     model = tasks.root / "worker-0" / "worker-0" / "model.keras"
     run, lost, back = check_elastic_run(store[1], EXPERIMENT, name, model, elastic_reference("custom_loop"))
-    assert run.data.tags["cluster.name"] == "tf_config" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
+    assert run.data.tags["cluster.name"] == "kubernetes" and {"loss/replica_0", "loss/replica_2"} <= set(run.data.metrics)
     assert 0 <= lost["steps_redone"] <= 16
     print(
         f"link down: training again on 2 workers {shrunk_after:.1f}s later (resize {lost['resize_sec']:.1f}s after "

@@ -37,6 +37,7 @@ from helpers import (
     live_group_members,
     processes_with,
     serve_and_predict,
+    validate_manifest,
     write_bmp,
     write_image_folder,
 )
@@ -118,6 +119,14 @@ def kind_of(tokens):
         return "compare", None  # on two jobs of README's first sweep
     if tokens[:3] == ["python", "-m", "runner.export"]:
         return "export", None
+    if tokens[:3] == ["python", "-m", "runner.kubernetes"]:
+        return "kubernetes", None  # the manifests are written and validated against Kubernetes' schemas
+    if tokens[0] == "kubectl":
+        return "kubectl", (
+            "no Kubernetes API server or kubelet can run on these machines; the manifests it applies are validated "
+            "against Kubernetes' OpenAPI schemas and the JobSet CRD (tests/unit/test_kubernetes.py), and their pods' "
+            "command runs in network namespaces with a pod's environment and host names (tests/e2e/test_netns.py)"
+        )
     if tokens[:3] == ["python", "-m", "benchmarks.gpu_scaling"]:
         return "gpu-benchmark", None  # runs: on a machine without GPUs it must refuse clearly
     if tokens[:3] == ["python", "-m", "benchmarks.run"]:
@@ -629,6 +638,18 @@ def check_export(scratch, args, proc):
     assert (out / "tfrecord.json").exists() and len(list(out.glob("train-*.tfrecord"))) == int(args[args.index("--shards") + 1])
 
 
+def check_kubernetes(scratch, args, proc):
+    """The manifests README's command wrote: valid for Kubernetes (and JobSet), with the command's overrides in the
+    pods' command."""
+    import yaml
+
+    _ok(proc)
+    documents = [d for d in yaml.safe_load_all((Path(scratch.root) / args[args.index("--out") + 1]).read_text()) if d]
+    for document in documents:
+        validate_manifest(document)
+    assert all(o in json.dumps(documents) for o in args[3:] if "=" in o and not o.startswith("cluster.")), args
+
+
 def run_tfrecord(scratch, tokens, results):
     """A data=tfrecord command, on the files README's export command wrote in the same working directory."""
     exported = next(k for k, (kind, _) in KINDS.items() if kind == "export")
@@ -865,6 +886,7 @@ RUNNERS = {
     "benchmark-wall": run_benchmark,
     "gpu-benchmark": lambda s, t: s.run(_python(t), cwd=ROOT, timeout=120),
     "export": run_export,
+    "kubernetes": run_export,
     "tfds": run_tfds,
     "image-folder": run_image_folder,
     "elastic": run_elastic,
@@ -1017,6 +1039,7 @@ CHECKS = {
     "benchmark-wall": check_benchmark,
     "gpu-benchmark": check_gpu_benchmark,
     "export": check_export,
+    "kubernetes": check_kubernetes,
     "tfrecord": check_tfrecord,
     "tfds": check_training,
     "image-folder": check_training,
@@ -1085,7 +1108,7 @@ def test_readme_command(command, request):
     tokens = TOKENS[command]
     args = (
         tokens
-        if kind in ("setup", "dashboard", "deliver", "export") or kind.startswith(("benchmark", "gpu"))
+        if kind in ("setup", "dashboard", "deliver", "export", "kubernetes") or kind.startswith(("benchmark", "gpu"))
         else _runner_args(tokens)
     )
     CHECKS[kind](scratch, args, result(command))

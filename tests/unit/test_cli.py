@@ -181,7 +181,7 @@ def test_help_is_one_page_and_the_composed_config_only_on_request():
     keys and examples, in about 60 lines of at most 114 characters; `--cfg job` prints the config."""
     text = _help_text("strategy=mirrored")
     lines = text.splitlines()
-    assert len(lines) <= 66, f"--help is {len(lines)} lines"
+    assert len(lines) <= 67, f"--help is {len(lines)} lines"
     assert max(len(line) for line in lines) <= helptext.WIDTH
     assert "$CONFIG" not in yaml.safe_load(HELP_YAML.read_text())["template"]
     assert "name: mirrored" not in text and "_target_: runner.models" not in text  # no config dump
@@ -365,7 +365,7 @@ def test_help_lists_the_user_groups_not_the_schemas_and_skips_tensorflow():
     for group, options in _help_groups().items():
         assert f"{group}: {', '.join(options)}" in out
     assert "name: mirrored" not in out and "python -m runner --cfg job" in out  # the composed config: on request only
-    assert len(out.splitlines()) <= 67 and loaded == []  # 66 lines of help, then the probe's own
+    assert len(out.splitlines()) <= 68 and loaded == []  # 67 lines of help, then the probe's own
 
 
 @pytest.mark.slow  # end to end: runs `python -m runner --help` into a pipe
