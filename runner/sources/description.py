@@ -6,7 +6,9 @@ column and the dataset filters of the dashboard work. The digest changes when th
 - arrays (ones, synthetic, digits, npz, any source that yields runner.sources.in_memory's ArrayData): a hash of the arrays'
   bytes, dtypes and shapes (arrays over HASH_BYTES are hashed on evenly spaced rows, plus their shapes);
 - files (data=tfrecord): a hash of each file's name, size and modification time, and of the feature spec. No file
-  is read.
+  is read;
+- images (data=image_folder): a hash of the listing, each file's path and class (and size and modification time);
+- a prepared tfds dataset (data=tfds): its directory's files, as for data=tfrecord, and the split.
 """
 
 import hashlib
@@ -101,10 +103,65 @@ def _files(cfg, source) -> list[dict]:
     return out
 
 
+STAT_FILES = 100_000  # an image listing up to this long has each file's size and mtime in its digest
+
+
+def _images(cfg, source) -> list[dict]:
+    """data=image_folder: a digest of each split's listing (paths and classes, and each file's size and mtime
+    while the listing is at most STAT_FILES long), the image shape the model gets and the class names."""
+    out = []
+    for context, pairs, folder in (("train", source.train, cfg.train_dir), ("eval", source.eval, cfg.eval_dir or cfg.train_dir)):
+        h = hashlib.sha256(f"{source.classes}{source.input_shape}".encode())
+        for path, label in pairs:
+            h.update(f"{path}\0{label}\0".encode())
+            if len(pairs) <= STAT_FILES:
+                st = os.stat(path)
+                h.update(f"{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        out.append(
+            {
+                "context": context,
+                "name": f"{cfg.name}-{context}",
+                "digest": h.hexdigest()[:DIGEST_CHARS],
+                "source_type": "local",
+                "source": {"uri": os.path.abspath(os.path.expanduser(str(folder)))},
+                "features": {"dtype": "float32", "shape": list(source.input_shape)},
+                "targets": {"dtype": "int32", "shape": []},
+                "profile": {"num_rows": len(pairs), "classes": list(source.classes)},
+            }
+        )
+    return out
+
+
+def _tfds(cfg, source) -> list[dict]:
+    """data=tfds: the prepared dataset's directory (its files' names, sizes and mtimes, as for data=tfrecord) and
+    each split's name."""
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(source.directory) for f in names)
+    out = []
+    for context, split in (("train", source.split_train), ("eval", source.split_eval)):
+        digest, size = _files_digest(files, (split, source.image_key, source.label_key, source.input_shape))
+        out.append(
+            {
+                "context": context,
+                "name": f"{cfg.name}-{context}",
+                "digest": digest,
+                "source_type": "local",
+                "source": {"uri": f"{os.path.abspath(source.directory)}?split={split}"},
+                "features": {"dtype": "float32", "shape": list(source.input_shape)},
+                "targets": {"dtype": "int32", "shape": []},
+                "profile": {"split": split, **({"num_rows": int(source.train_records)} if context == "train" else {})},
+            }
+        )
+    return out
+
+
 def describe(cfg, data) -> list[dict]:
     """The train and eval inputs of a run, for MLflow (see the module's docstring); [] for data it cannot describe."""
     if getattr(data, "streamed", False):
-        return _files(cfg, data) if hasattr(data, "train_files") else []
+        if hasattr(data, "train_files"):
+            return _files(cfg, data)
+        if hasattr(data, "classes") and hasattr(data, "train"):
+            return _images(cfg, data)
+        return _tfds(cfg, data) if hasattr(data, "split_train") else []
     if all(hasattr(data, k) for k in ("x_train", "y_train", "x_eval", "y_eval")):
         return _arrays(cfg, data)
     return []

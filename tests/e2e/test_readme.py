@@ -100,7 +100,7 @@ def kind_of(tokens):
             "the fast tier: every test it selects is also in the suite's own command, which runs them all; "
             "running it from inside the suite would run them twice"
         )
-    if tokens[0] == "pkill":
+    if tokens[0] == "kill":
         return "elastic-kill", None  # run by README's elastic command's test, while that job trains (run_elastic)
     if tokens[0] == "srun":
         return "srun", None  # on the `slurm` fixture's one-machine cluster (conftest.py), skipped where it cannot start
@@ -270,6 +270,9 @@ def check_training(scratch, args, result):
             assert params[k] in (v, str(yaml.safe_load(v)), str(_override_value(override))), (k, params[k], v)
     for metric in ("loss", "throughput/examples_per_sec", "time/train_sec", "eval/loss", "loss/replica_0"):
         assert metric in metrics, f"{metric} not logged; have {sorted(metrics)}"
+    data = params["data.name"]
+    if data != "function":  # every built-in source is an MLflow dataset of the run, train and eval
+        assert {i.dataset.name for i in run.inputs.dataset_inputs} == {f"{data}-train", f"{data}-eval"}, run.inputs
     replicas = int(run.data.tags["num_replicas_in_sync"])
     if not {"strategy", "experiment"} & {o.split("=", 1)[0] for o in _overrides(args)}:  # strategy=auto chose, and says so
         assert run.data.tags["strategy.auto"].startswith(params["strategy.name"] + ": "), run.data.tags
@@ -349,9 +352,9 @@ def check_cluster(scratch, args, result):
 
 
 def run_elastic(scratch, tokens):
-    """README's elastic command, and while it trains (past its first checkpoint) README's pkill command, its pattern
-    narrowed to this job's directory (another test's job may be training a worker-1 on this machine at the same
-    time); then one uninterrupted process of the same training, whose weights the job must reach."""
+    """README's elastic command, and while it trains (past its first checkpoint) README's kill command, with the pid
+    the job's "started worker:1 (pid PID)" line gives; then one uninterrupted process of the same training, whose
+    weights the job must reach."""
     args = _runner_args(tokens)
     run_dir = scratch.dir(key(args))
     log_path = scratch.root / f"{run_dir.name}.out"
@@ -368,8 +371,8 @@ def run_elastic(scratch, tokens):
             assert job.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.5)
         kill = TOKENS[next(k for k, (kind, _) in KINDS.items() if kind == "elastic-kill")]
-        pattern = kill[-1].replace(".*", str(run_dir))
-        killed = subprocess.run([*kill[:-1], pattern], capture_output=True, text=True, timeout=30)
+        pid = re.search(r"started worker:1 \(pid (\d+)\)", log_path.read_text()).group(1)
+        killed = subprocess.run([t.replace("PID", pid) for t in kill], capture_output=True, text=True, timeout=30)
         job.wait(timeout=300)
     proc = subprocess.CompletedProcess(job.args, job.returncode, log_path.read_text(), "")
     same = [a for a in args if a.startswith(("executor=", "model", "data", "train."))]  # README's training, not its cluster
@@ -385,7 +388,7 @@ def check_elastic(scratch, args, result):
     proc, run_dir, killed, reference = result
     _ok(proc)
     _ok(reference)
-    assert killed.returncode == 0, killed  # pkill found worker:1's process
+    assert killed.returncode == 0, killed  # worker:1's process, by the pid the job gave
     assert "cluster.elastic: lost worker:1: killed by SIGKILL" in proc.stdout, proc.stdout[-3000:]
     assert "training again on 3 worker(s)" in proc.stdout, proc.stdout[-3000:]  # and grew back
     run = _run_of(scratch, run_dir)

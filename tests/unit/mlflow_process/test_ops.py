@@ -74,6 +74,28 @@ def test_file_digests_come_from_names_sizes_and_mtimes_without_reading(tmp_path)
     assert describe(cfg, source)[0]["digest"] == first[0]["digest"]
 
 
+def test_an_image_folder_is_described_by_its_listing_and_an_image_rewritten_changes_it(tmp_path, sqlite_uri):
+    from mlflow import MlflowClient
+
+    from runner.mlflow_process.ops import dataset_inputs
+    from runner.sources.description import describe
+    from runner.sources.image_folder import load_source
+
+    folder = helpers.write_image_folder(tmp_path / "images", per_class=5)
+    cfg = composed("data=image_folder", f"data.train_dir={folder}", "data.image_size=[8,8]", "data.color_mode=rgb").data
+    first = describe(cfg, load_source(cfg))
+    assert [d["profile"]["num_rows"] for d in first] == [8, 2] and first[0]["profile"]["classes"] == ["circle", "square"]
+    assert first[0]["features"] == {"dtype": "float32", "shape": [8, 8, 3]} and first[0]["source"]["uri"] == str(folder)
+    image = next((folder / "square").iterdir())
+    os.utime(image, ns=(1, 1))
+    again = describe(cfg, load_source(cfg))
+    assert {d["context"] for d in again if d["digest"] != first[["train", "eval"].index(d["context"])]["digest"]}
+    client = MlflowClient(sqlite_uri)
+    run_id = client.create_run("0").info.run_id
+    client.log_inputs(run_id, datasets=dataset_inputs(again))
+    assert {i.dataset.name for i in client.get_run(run_id).inputs.dataset_inputs} == {"image_folder-train", "image_folder-eval"}
+
+
 def test_dataset_entities_are_what_mlflow_logs(sqlite_uri):
     from mlflow import MlflowClient
 
