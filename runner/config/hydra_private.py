@@ -15,6 +15,7 @@ install() leaves Hydra's own messages as they are.
 """
 
 import os
+import re
 
 CONFIG_REPOSITORY = "hydra._internal.config_repository.ConfigRepository"  # .load_config(self, config_path)
 CONFIG_LOADER = "hydra._internal.config_loader_impl.ConfigLoaderImpl"  # .load_configuration, ._apply_overrides_to_config
@@ -137,12 +138,15 @@ def _suggest_close_names() -> None:
     ConfigLoaderImpl.load_configuration = load_configuration
 
 
+TRAILER = re.compile(r",? set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")  # Hydra's advice, in its message
+
+
 def _compact_errors_without_trailer() -> None:
     import sys
 
     try:
         from hydra._internal import utils
-        from hydra.errors import CompactHydraException
+        from hydra.errors import CompactHydraException, InstantiationException
         from omegaconf.errors import OmegaConfBaseException
     except ImportError:
         return
@@ -167,7 +171,16 @@ def _compact_errors_without_trailer() -> None:
         except CompactHydraException as err:  # Hydra's own printing of these, without its last line
             if full_error():
                 raise
-            sys.stderr.write(str(err) + os.linesep)
+            text = TRAILER.sub("", str(err)).strip()
+            if isinstance(err, InstantiationException):  # a hydra.callbacks entry: a config error, named by its key
+                head, _, key = text.partition("\nfull_key: ")
+                sys.stderr.write(
+                    f"Error: {key.strip() or 'a _target_ Hydra makes'}: {head.strip().rstrip('.')}. Give it the "
+                    f"_target_ of a class Hydra can import (for hydra.callbacks: a hydra.experimental.callback.Callback)."
+                    + os.linesep
+                )
+                sys.exit(2)
+            sys.stderr.write(text + os.linesep)
             if isinstance(err.__cause__, OmegaConfBaseException):
                 sys.stderr.write(str(err.__cause__) + os.linesep)
             sys.exit(1)

@@ -336,7 +336,7 @@ def test_a_key_of_another_option_is_suggested_as_the_whole_override_given():
     assert "select it first (strategy=mirrored strategy.devices=2)" in message, message
 
 
-@pytest.mark.slow  # end to end: runs `python -m runner` five times
+@pytest.mark.slow  # end to end: runs `python -m runner` six times
 def test_a_mistyped_name_on_the_command_line_exits_as_documented_with_a_hint(tmp_path):
     """README: Hydra refuses unknown keys and options while composing (exit 1); keys that `+key=value` added past
     the schemas are the runner's check (exit 2). Each is one paragraph (without Hydra's HYDRA_FULL_ERROR line), no
@@ -347,6 +347,7 @@ def test_a_mistyped_name_on_the_command_line_exits_as_documented_with_a_hint(tmp
         (["strategy=mirored"], 1, "did you mean strategy=mirrored?"),
         (["+train.epoch=3"], 2, "did you mean train.epochs=3?"),
         (["--help", "train.epoch=3"], 1, "did you mean train.epochs=3?"),  # Hydra's help path printed a traceback
+        (["+hydra.callbacks.x._target_=nope.Nope"], 2, "hydra.callbacks.x: Error locating target 'nope.Nope'"),
     ]:
         argv = [sys.executable, "-m", "runner", *args, f"hydra.run.dir={tmp_path}/run", "mlflow.enabled=false"]
         started = time.monotonic()
