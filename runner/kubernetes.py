@@ -16,6 +16,7 @@ import argparse
 import re
 import sys
 
+from runner.config import kubernetes_pod
 from runner.config.redact import redact_uri
 from runner.errors import ConfigError
 
@@ -24,9 +25,12 @@ FATAL_EXITS = [2, 4, 5, 6]  # runner.errors: a restart would end the same way
 LABEL = "runner.tf/job"
 # cluster.* keys that shape the manifests only: the pods' command does not need them
 MANIFEST_ONLY = ("image", "namespace", "volume", "mount_path", "cpu", "memory", "backoff_limit")
-SET_HERE = ("cluster", "hydra.run.dir", "checkpoint.dir", "mlflow.tracking_uri")  # the pods' command sets these itself
-NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+SET_HERE = ("cluster", "strategy", "hydra.run.dir", "checkpoint.dir", "mlflow.tracking_uri")  # set again below
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei|e[0-9]+)?")  # Kubernetes' resource quantity
+MAX_INDEXES = 100_000  # the most completions an Indexed Job may have
+INT32 = 2**31 - 1
 DEFAULT_NAME = "tf-runner"
+GRACE_SEC = 30  # after SIGTERM, beyond cluster.stop_grace_sec: the pod's checkpoint and MLflow's last writes
 
 
 def _refuse(text: str):
@@ -36,13 +40,29 @@ def _refuse(text: str):
 def _name(cfg) -> str:
     name = cfg.cluster.job_name or DEFAULT_NAME
     longest = f"{name}-worker-0-{max(cfg.cluster.workers, cfg.cluster.ps, 1) - 1}"  # a JobSet pod's host name
-    if not NAME.fullmatch(name) or len(longest) > 63:
-        _refuse(
-            f"cluster.job_name={name!r} cannot name the pods: Kubernetes host names are lowercase letters, digits and "
-            f"'-', starting and ending with a letter or digit, at most 63 characters ({longest!r} has {len(longest)}). "
-            "Choose a shorter name of that kind."
-        )
+    problem = kubernetes_pod.name_problem("cluster.job_name", name, longest)
+    for key in ("service", "namespace"):
+        problem = problem or (cfg.cluster[key] and kubernetes_pod.name_problem(f"cluster.{key}", str(cfg.cluster[key])))
+    if problem:
+        _refuse(problem)
     return name
+
+
+def _check_shape(cfg) -> None:
+    """What Kubernetes itself would refuse at `kubectl apply`, said here with the key to change."""
+    c = cfg.cluster
+    if c.workers > MAX_INDEXES or c.ps > MAX_INDEXES:
+        _refuse(f"cluster.workers={c.workers} and cluster.ps={c.ps}: an Indexed Job has at most {MAX_INDEXES:,} pods.")
+    if c.backoff_limit > INT32:
+        _refuse(f"cluster.backoff_limit={c.backoff_limit} is more than Kubernetes can hold ({INT32:,}).")
+    for key in ("cpu", "memory"):
+        if c[key] is not None and not QUANTITY.fullmatch(str(c[key])):
+            _refuse(
+                f"cluster.{key}={c[key]!r} is not a Kubernetes quantity: use e.g. cluster.cpu=4 or 3500m, "
+                "cluster.memory=8Gi or 512Mi."
+            )
+    if re.search(r"\s", str(c.image)):
+        _refuse(f"cluster.image={c.image!r} has a space in it: give an image reference, e.g. registry.example/runner:1.")
 
 
 def _gpus(cfg) -> int:
@@ -50,6 +70,8 @@ def _gpus(cfg) -> int:
     if gpus is None:
         return 0
     wanted = sorted(int(g) for g in gpus)
+    if len(set(wanted)) != len(wanted):
+        _refuse(f"devices.gpus={list(gpus)} names a GPU twice: list each GPU once, e.g. devices.gpus=[0,1].")
     if wanted != list(range(len(wanted))):
         _refuse(
             f"devices.gpus={list(gpus)}: a pod is given nvidia.com/gpu: N GPUs, numbered 0..N-1 inside it, so it cannot "
@@ -59,21 +81,32 @@ def _gpus(cfg) -> int:
     return len(wanted)
 
 
-def _resources(cfg) -> dict:
+def _resources(cfg, trains: bool) -> dict:
+    """Each pod's requests and limits; GPUs only for the pods that train (workers: not the chief that coordinates
+    a parameter_server job, nor its parameter servers)."""
     amounts = {"cpu": cfg.cluster.cpu, "memory": cfg.cluster.memory}
     amounts = {k: str(v) for k, v in amounts.items() if v is not None}
-    if _gpus(cfg):
+    if _gpus(cfg) and trains:
         amounts["nvidia.com/gpu"] = _gpus(cfg)
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
-def _env(uri: str | None, name: str, jobset: bool) -> list[dict]:
-    env = []
-    if uri:
-        if redact_uri(uri) != uri:  # credentials in it: from a Secret, never in the manifest
-            env.append({"name": "MLFLOW_TRACKING_URI", "valueFrom": {"secretKeyRef": {"name": f"{name}-mlflow", "key": "uri"}}})
-        else:
-            env.append({"name": "MLFLOW_TRACKING_URI", "value": uri})
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")  # MLflow's own
+
+
+def secret_keys(uri: str | None, environ) -> list[tuple[str, str]]:
+    """(variable, key) of what the pods read from the Secret <job>-mlflow: a tracking URI holding a password, and
+    MLflow's credential variables set where the manifests are made."""
+    keys = [("MLFLOW_TRACKING_URI", "uri")] if uri and redact_uri(uri) != uri else []
+    return keys + [(var, var.removeprefix("MLFLOW_TRACKING_").lower()) for var in CREDENTIALS if environ.get(var)]
+
+
+def _env(uri: str | None, name: str, jobset: bool, secret: list[tuple[str, str]]) -> list[dict]:
+    env = [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": f"{name}-mlflow", "key": key}}} for var, key in secret
+    ]  # credentials: from a Secret, never in the manifest
+    if uri and ("MLFLOW_TRACKING_URI", "uri") not in secret:
+        env.append({"name": "MLFLOW_TRACKING_URI", "value": uri})
     if jobset:  # JobSet writes these on the pod as annotations; the runner reads them from the environment
         for var, key in (
             ("JOBSET_NAME", "jobset-name"),
@@ -97,21 +130,29 @@ def pod_args(cfg, overrides: list[str], name: str, jobset: bool) -> list[str]:
         and not re.match(r"cluster\.(workers|ps|port|job_name|service|exit_with_chief)=", o.lstrip("+~"))
     ]
     c = cfg.cluster
-    root = f"{c.mount_path.rstrip('/')}/{name}"
+    given = _given(overrides, "hydra.run.dir")
+    root = given.rstrip("/") if given else f"{c.mount_path.rstrip('/')}/{name}"
     task = "${oc.env:REPLICATED_JOB_NAME}" if jobset else "worker"
     shape = [f"cluster.workers={c.workers}", f"cluster.ps={c.ps}", f"cluster.port={c.port}", f"cluster.job_name={name}"]
     shape += [f"cluster.service={c.service}"] if c.service else []
     shape += ["cluster.exit_with_chief=true"] if jobset else []
+    checkpoints = _given(overrides, "checkpoint.dir") or f"{root}/checkpoints"  # yours (gs://...), else on the volume
     return [
         *kept,
+        f"strategy={cfg.strategy.name}",  # as composed: an experiment file may have set it
         "cluster=kubernetes",
         *shape,
         f"hydra.run.dir={root}/{task}-${{oc.env:JOB_COMPLETION_INDEX}}",
-        f"checkpoint.dir={root}/checkpoints",
+        f"checkpoint.dir={checkpoints}",
     ]
 
 
-def _container(cfg, args: list[str], env: list[dict]) -> dict:
+def _given(overrides: list[str], key: str) -> str | None:
+    values = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == key]
+    return values[-1] if values else None
+
+
+def _container(cfg, args: list[str], env: list[dict], trains: bool = True) -> dict:
     container = {
         "name": "runner",
         "image": cfg.cluster.image,
@@ -121,7 +162,7 @@ def _container(cfg, args: list[str], env: list[dict]) -> dict:
         "ports": [{"name": "grpc", "containerPort": int(cfg.cluster.port)}],
         "volumeMounts": [{"name": "runs", "mountPath": cfg.cluster.mount_path}],
     }
-    resources = _resources(cfg)
+    resources = _resources(cfg, trains)
     if resources:
         container["resources"] = resources
     return container
@@ -134,6 +175,8 @@ def _pod(cfg, container: dict, name: str, subdomain: str | None) -> dict:
         else {"name": "runs", "emptyDir": {}}
     )
     spec = {"restartPolicy": "Never", "containers": [container], "volumes": [volume]}
+    # SIGTERM (a deletion, a preemption) checkpoints at the next step: time for it before Kubernetes kills the pod
+    spec["terminationGracePeriodSeconds"] = int(cfg.cluster.stop_grace_sec) + GRACE_SEC
     if subdomain:
         spec["subdomain"] = subdomain
     return {"metadata": {"labels": {LABEL: name}}, "spec": spec}
@@ -155,7 +198,7 @@ def _meta(cfg, name: str) -> dict:
     return meta
 
 
-def manifests(cfg, overrides: list[str], uri: str | None) -> list[dict]:
+def manifests(cfg, overrides: list[str], uri: str | None, secret=()) -> list[dict]:
     """The Kubernetes objects for `cfg` (a composed runner config with cluster=kubernetes), in apply order."""
     c = cfg.cluster
     if not c.image:
@@ -175,9 +218,18 @@ def manifests(cfg, overrides: list[str], uri: str | None) -> list[dict]:
         _refuse("strategy=parameter_server needs parameter servers: pass cluster.ps=1 or more.")
     if not jobset and c.ps:
         _refuse(f"cluster.ps={c.ps} is for strategy=parameter_server; strategy={strategy} has workers only: drop cluster.ps.")
+    if c.elastic.enabled and not c.volume and not _given(overrides, "checkpoint.dir"):
+        _refuse(
+            "cluster.elastic.enabled=true restores every generation from checkpoints all pods read, and without "
+            "cluster.volume each pod has only its own emptyDir. Give cluster.volume=<a ReadWriteMany "
+            "PersistentVolumeClaim>, or a checkpoint.dir every pod reaches (gs://..., s3://...)."
+        )
+    if str(_given(overrides, "hydra.mode")).endswith("MULTIRUN"):
+        _refuse("hydra.mode=MULTIRUN: every pod would run the whole sweep. Generate one job's manifests at a time.")
+    _check_shape(cfg)
     name = _name(cfg)
     args = pod_args(cfg, overrides, name, jobset)
-    container = _container(cfg, args, _env(uri, name, jobset))
+    container = _container(cfg, args, _env(uri, name, jobset, list(secret)))
     if not jobset:
         service = c.service or name
         return [
@@ -200,13 +252,17 @@ def manifests(cfg, overrides: list[str], uri: str | None) -> list[dict]:
                     "completionMode": "Indexed",  # pod host names <name>-<index>, JOB_COMPLETION_INDEX
                     "completions": int(c.workers),
                     "parallelism": int(c.workers),
-                    "backoffLimit": int(c.backoff_limit) * int(c.workers),  # a lost peer fails every worker once
+                    # each pod is replaced this many times (a lost peer fails every worker once)
+                    "backoffLimitPerIndex": int(c.backoff_limit),
                     "podFailurePolicy": _failure_policy(),
                     "template": _pod(cfg, container, name, service),
                 },
             },
         ]
     counts = {"chief": 1, "worker": int(c.workers), "ps": int(c.ps)}
+    # A lost worker is replaced by its Job (the coordinator goes on without it meanwhile); a lost chief or ps fails
+    # its Job, and the JobSet restarts every pod from the last checkpoint.
+    retries = {"worker": {"backoffLimitPerIndex": int(c.backoff_limit)}, "chief": {"backoffLimit": 0}, "ps": {"backoffLimit": 0}}
     replicated = [
         {
             "name": kind,
@@ -216,9 +272,9 @@ def manifests(cfg, overrides: list[str], uri: str | None) -> list[dict]:
                     "completionMode": "Indexed",
                     "completions": n,
                     "parallelism": n,
-                    "backoffLimit": 0,  # a failed pod fails its Job, and the JobSet restarts every pod (below)
+                    **retries[kind],
                     "podFailurePolicy": _failure_policy(),
-                    "template": _pod(cfg, container, name, None),
+                    "template": _pod(cfg, _container(cfg, args, container["env"], trains=kind == "worker"), name, None),
                 }
             },
         }
@@ -236,7 +292,8 @@ def manifests(cfg, overrides: list[str], uri: str | None) -> list[dict]:
                 "replicatedJobs": replicated,
                 "successPolicy": {"operator": "Any", "targetReplicatedJobs": ["chief"]},  # done when the chief is
                 "failurePolicy": {
-                    "maxRestarts": int(c.backoff_limit),
+                    "maxRestarts": int(c.backoff_limit),  # the JobSet's restarts in all
+                    "restartStrategy": "BlockingRecreate",  # the old pods gone before new ones start: no stale ps
                     "rules": [{"name": "fatal-exit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
                 },
             },
@@ -255,8 +312,7 @@ def _compose(overrides: list[str]):
     with initialize_config_module(config_module="runner.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, "cluster=kubernetes"])
         if cfg.strategy.name == "auto":  # what strategy=auto chooses for pods of one worker each
-            overrides.append("strategy=multi_worker_mirrored")
-            cfg = compose(config_name="config", overrides=[*overrides, "cluster=kubernetes"])
+            cfg = compose(config_name="config", overrides=[*overrides, "cluster=kubernetes", "strategy=multi_worker_mirrored"])
     validate.check_config(cfg)
     return cfg
 
@@ -276,7 +332,8 @@ def main(argv=None) -> int:
         uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri and cfg.mlflow.enabled:  # the default ./mlflow.db: on the shared volume, written by the chief alone
             uri = f"sqlite:///{cfg.cluster.mount_path.rstrip('/')}/{_name(cfg)}/mlflow.db"
-        objects = manifests(cfg, given, uri)
+        secret = secret_keys(uri, os.environ)
+        objects = manifests(cfg, given, uri, secret)
     except ConfigError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
@@ -284,10 +341,14 @@ def main(argv=None) -> int:
         print(f"Error: {str(err).removeprefix('Error: ')}", file=sys.stderr)
         return 2
     notes = []
-    if uri and redact_uri(uri) != uri:
-        notes.append(f"kubectl create secret generic {_name(cfg)}-mlflow --from-literal=uri='<your tracking URI>'")
+    if secret:
+        namespace = f" -n {cfg.cluster.namespace}" if cfg.cluster.namespace else ""
+        literals = " ".join(f'--from-literal={key}="${var}"' for var, key in secret)
+        notes.append(f"first: kubectl create secret generic {_name(cfg)}-mlflow{namespace} {literals}")
     if not cfg.cluster.volume:
         notes.append("no cluster.volume: checkpoints and outputs live and die with each pod (emptyDir)")
+        if uri and uri.startswith("sqlite:"):
+            notes.append("MLflow's store is in the chief pod's emptyDir: set mlflow.tracking_uri to a server to keep runs")
     header = "".join(f"# {n}\n" for n in notes)
 
     class Plain(yaml.SafeDumper):  # the same list in every replicated job is written out each time, not aliased

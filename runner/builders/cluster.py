@@ -228,7 +228,7 @@ class KubernetesClusterConfig(TFConfigClusterConfig):
     mount_path: str = "/runs"  # manifests: where the volume is mounted; the run's directory is <mount_path>/<job_name>
     cpu: str | None = None  # manifests: each pod's CPU request and limit, e.g. "4" or "3500m" (null: none set)
     memory: str | None = None  # manifests: each pod's memory request and limit, e.g. "8Gi" (null: none set)
-    backoff_limit: int = ranged(3, ge=0)  # manifests: pods restarted after a lost peer (exit 3) before the job fails
+    backoff_limit: int = ranged(3, ge=0)  # manifests: times each worker pod is replaced (JobSet: restarts in all) before failing
 
 
 def _kubernetes(cfg) -> Cluster:

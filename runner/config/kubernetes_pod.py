@@ -22,6 +22,8 @@ import socket
 from runner.config.command_line import overrides_in
 from runner.errors import ConfigError
 
+LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # a Service's (and so a job's) name: an RFC 1035 label
+INDEX = re.compile(r"0|[1-9][0-9]{0,5}")
 DERIVED = "RUNNER_TF_CONFIG_DERIVED"  # the TF_CONFIG this process derived: one set by anyone else is left alone
 TYPES = ("chief", "worker", "ps")
 SHAPE = {"workers": 2, "ps": 0, "port": 2222, "job_name": None, "service": None}  # KubernetesClusterConfig's defaults
@@ -53,13 +55,29 @@ def _whole(key: str, value: str) -> int:
         raise ConfigError(f"{key}={value!r} is not a whole number.") from None
 
 
+def name_problem(key: str, name: str, longest: str | None = None) -> str | None:
+    """Why `name` cannot name a Kubernetes job or Service (None when it can): an RFC 1035 label, and the longest
+    pod host name made from it at most 63 characters."""
+    if not LABEL.fullmatch(name) or len(name) > 63:
+        return (
+            f"{key}={name!r} cannot name a Kubernetes job or Service: use lowercase letters, digits and '-', starting "
+            "with a letter and ending with a letter or digit, at most 63 characters (e.g. mnist-mwms-1)."
+        )
+    if longest and len(longest) > 63:
+        return (
+            f"{key}={name!r} is too long for the pods' host names: {longest!r} has {len(longest)} characters, and "
+            "Kubernetes allows 63. Choose a shorter name."
+        )
+    return None
+
+
 def tf_config(shape: dict, strategy: str, environ=os.environ, hostname: str | None = None) -> dict:
     """This pod's TF_CONFIG (as a dict) from its environment: ConfigError when the pod is not one of an Indexed Job
     or a JobSet, or its place does not fit the configured shape."""
     workers, ps, port = int(shape["workers"]), int(shape["ps"]), int(shape["port"])
     chief = strategy == "parameter_server"
     index_text = environ.get("JOB_COMPLETION_INDEX")
-    if index_text is None or not index_text.isdigit():
+    if index_text is None or not INDEX.fullmatch(index_text):
         raise ConfigError(
             "cluster=kubernetes derives TF_CONFIG from the pod of an Indexed Job or a JobSet, and JOB_COMPLETION_INDEX "
             f"is {'not set' if index_text is None else repr(index_text)}: this process is not such a pod. Run it from "
@@ -67,6 +85,10 @@ def tf_config(shape: dict, strategy: str, environ=os.environ, hostname: str | No
             "cluster=tf_config."
         )
     index = int(index_text)
+    for key in ("job_name", "service"):
+        problem = shape.get(key) and name_problem(f"cluster.{key}", str(shape[key]))
+        if problem:
+            raise ConfigError(problem)
     jobset = environ.get("JOBSET_NAME")
     if jobset:
         kind, prefix = environ.get("REPLICATED_JOB_NAME", ""), jobset
@@ -93,11 +115,11 @@ def tf_config(shape: dict, strategy: str, environ=os.environ, hostname: str | No
             "after TensorFlow's task types (chief, worker, ps), as `python -m runner.kubernetes` does."
         )
     if index >= counts[kind]:
-        key = "cluster.workers" if kind == "worker" else "cluster.ps"
+        given = {"worker": f"cluster.workers={workers} makes", "ps": f"cluster.ps={ps} makes", "chief": "a job has"}[kind]
         raise ConfigError(
-            f"cluster=kubernetes: this pod is {kind} {index} (JOB_COMPLETION_INDEX), and {key}={counts[kind]} makes "
-            f"{counts[kind]} of them (0..{counts[kind] - 1}). Give every pod the job's own {key}, the Job's "
-            "completions."
+            f"cluster=kubernetes: this pod is {kind} {index} (JOB_COMPLETION_INDEX), and {given} {counts[kind]} of "
+            f"them (0..{counts[kind] - 1}). Give every pod the job's own shape, as the manifests of "
+            "`python -m runner.kubernetes` do."
         )
     cluster = {t: [hosts[t].format(i=i) + f":{port}" for i in range(counts[t])] for t in TYPES if counts[t]}
     return {"cluster": cluster, "task": {"type": kind, "index": index}}

@@ -116,7 +116,7 @@ def start_pods(netns, store, name, workers, ps, args) -> Tasks:
     port = next(_ports)
     generate = [sys.executable, "-m", "runner.kubernetes", *args, "cluster.image=runner:test", f"cluster.job_name={name}"]
     generate += [f"cluster.workers={workers}", f"cluster.ps={ps}", f"cluster.port={port}", f"cluster.mount_path={root / 'netns'}"]
-    generate += [f"mlflow.tracking_uri={uri}"]
+    generate += [f"mlflow.tracking_uri={uri}", "cluster.volume=runs"]  # the namespaces share this filesystem
     generate += [f"mlflow.experiment_name={EXPERIMENT}", f"mlflow.run_name={name}"]
     made = subprocess.run(generate, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert made.returncode == 0, made.stderr[-3000:]

@@ -127,7 +127,17 @@ def test_a_pod_that_does_not_fit_is_one_paragraph(environ, shape, strategy, says
         (["cluster.workers=2"], "cluster.image is not set"),
         ([*PS, "cluster.elastic.enabled=true"], "on Kubernetes the pods' agents restart multi_worker_mirrored workers"),
         ([*IMAGE, "devices.gpus=[1,3]"], "devices.gpus=[1, 3]: a pod is given nvidia.com/gpu"),
-        ([*IMAGE, "cluster.job_name=My_Job"], "cluster.job_name='My_Job' cannot name the pods"),
+        ([*IMAGE, "cluster.job_name=My_Job"], "cluster.job_name='My_Job' cannot name a Kubernetes job or Service"),
+        ([*IMAGE, "cluster.job_name=9job"], "starting with a letter"),
+        ([*IMAGE, "cluster.service=Bad_Svc"], "cluster.service='Bad_Svc' cannot name"),
+        ([*IMAGE, f"cluster.job_name={'j' * 60}"], "is too long for the pods' host names"),
+        ([*IMAGE, "cluster.cpu=lots"], "cluster.cpu='lots' is not a Kubernetes quantity"),
+        ([*IMAGE, "cluster.memory=8GB"], "cluster.memory='8GB' is not a Kubernetes quantity"),
+        ([*IMAGE, "cluster.workers=1000000"], "an Indexed Job has at most 100,000 pods"),
+        ([*IMAGE, "devices.gpus=[0,0]"], "names a GPU twice"),
+        (["cluster.image=bad image"], "has a space in it"),
+        ([*IMAGE, "cluster.workers=2", "cluster.elastic.enabled=true"], "without cluster.volume each pod has only"),
+        ([*IMAGE, "hydra.mode=MULTIRUN"], "every pod would run the whole sweep"),
         ([*IMAGE, "strategy=parameter_server"], "strategy=parameter_server needs parameter servers"),
         ([*IMAGE, "strategy=mirrored"], "strategy=mirrored"),
     ],
@@ -138,7 +148,33 @@ def test_what_the_manifests_cannot_express_is_refused(args, says, capsys):
     assert "Traceback" not in err
 
 
-def test_credentials_in_the_tracking_uri_come_from_a_secret(capsys):
-    code, (_, job), _ = generated([*MWMS, "mlflow.tracking_uri=http://user:pw@mlflow:5000"], capsys)
+def test_credentials_come_from_a_secret_never_the_manifest(capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok3n")
+    code, (_, job), _ = generated([*MWMS, "mlflow.tracking_uri=http://user:pw@mlflow:5000", "cluster.namespace=ml"], capsys)
     text = json.dumps(job)
-    assert code == 0 and "pw@" not in text and "secretKeyRef" in text
+    assert code == 0 and "pw@" not in text and "tok3n" not in text
+    secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "valueFrom" in e
+    }
+    assert secret == {
+        v: {"name": "tf-runner-mlflow", "key": k} for v, k in [("MLFLOW_TRACKING_URI", "uri"), ("MLFLOW_TRACKING_TOKEN", "token")]
+    }
+    kubernetes.main([*MWMS, "mlflow.tracking_uri=http://user:pw@mlflow:5000", "cluster.namespace=ml", "--out", "/dev/null"])
+    said = capsys.readouterr().out
+    assert 'kubectl create secret generic tf-runner-mlflow -n ml --from-literal=uri="$MLFLOW_TRACKING_URI"' in said, said
+    assert "pw@" not in said and "tok3n" not in said
+
+
+def test_the_strategy_an_experiment_file_sets_is_in_the_pods_command_and_gpus_only_train(capsys):
+    """strategy from the composed config (not only the command line); GPUs only on the pods that train."""
+    code, (jobset,), err = generated([*PS, "devices.gpus=[0,1]"], capsys)
+    assert code == 0, err
+    for job in jobset["spec"]["replicatedJobs"]:
+        container = job["template"]["spec"]["template"]["spec"]["containers"][0]
+        assert "strategy=parameter_server" in container["args"]
+        assert ("nvidia.com/gpu" in container["resources"]["limits"]) == (job["name"] == "worker"), job["name"]
+    code, (_, job), _ = generated([*IMAGE, "checkpoint.dir=gs://bucket/exp1", "hydra.run.dir=/data/exp1"], capsys)
+    args = _args(job)
+    assert "checkpoint.dir=gs://bucket/exp1" in args and "hydra.run.dir=/data/exp1/worker-${oc.env:JOB_COMPLETION_INDEX}" in args
