@@ -300,11 +300,15 @@ def _forget_run_id(output_dir: str | None, run_id: str) -> None:
         pass
 
 
-def _logged_through(journaled: int | None, attached: bool) -> int | None:
-    """The last step already logged: the journal's, or (an elastic job's next generation) what the launcher saw the
-    generation before log, so the steps it redoes after the checkpoint are not logged twice."""
+def _logged_through(journaled: int | None, attached: bool, earlier: dict | None = None) -> int | None:
+    """The last step already logged, so that the steps an attempt redoes after its checkpoint are not logged twice:
+    the journal's; (an elastic job's next generation) what the launcher saw the generation before log; and the
+    last step of the run's loss in the store, which holds what a killed attempt delivered after its journal's last
+    write (runner.mlflow_process.store.earlier_figures)."""
     told = os.environ.get(contract.LOGGED_THROUGH) if attached else None
-    steps = [s for s in (journaled, int(told) if told and told.isdigit() else None) if s is not None]
+    stored = (earlier or {}).get("loss")
+    candidates = (journaled, int(told) if told and told.isdigit() else None, int(stored[0]) if stored else None)
+    steps = [s for s in candidates if s is not None]
     return max(steps) if steps else None
 
 
@@ -387,7 +391,7 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, e
         flush_every=cfg.mlflow.flush_every_sec,
         delivery_timeout=cfg.mlflow.delivery_timeout_sec,
         outbox_dir=cfg.output_dir,
-        logged_through=_logged_through(started["logged_through"], attached),
+        logged_through=_logged_through(started["logged_through"], attached, started.get("earlier")),
         experiment_id=started.get("experiment_id"),
         previous_status=started.get("previous_status"),
         put_back=started.get("put_back"),

@@ -170,3 +170,15 @@ def test_a_damaged_run_id_file_is_named_and_nothing_is_created(sqlite_uri, tmp_p
     assert says in str(refused.value) and f"{tmp_path / 'run' / 'mlflow_run_id'}" in str(refused.value)
     assert "move the file away" in str(refused.value) or "move that file away" in str(refused.value)
     assert (tmp_path / "run" / "mlflow_run_id").read_bytes() == held and _runs(sqlite_uri) == []
+
+
+def test_the_steps_a_killed_attempt_delivered_after_its_last_journal_write_are_not_logged_again(monkeypatch):
+    """A chief killed by its launcher (a peer lost under Ray) may have delivered steps 20 and 24 after its journal's
+    last write (16): the next attempt skips up to the store's last loss step, whatever the journal or the launcher say."""
+    from runner.control import contract
+    from runner.tracking.run import _logged_through
+
+    monkeypatch.setenv(contract.LOGGED_THROUGH, "12")
+    assert _logged_through(16, attached=True, earlier={"loss": [24, 1.3]}) == 24
+    assert _logged_through(16, attached=True, earlier={"loss": None}) == 16
+    assert _logged_through(None, attached=True) == 12 and _logged_through(None, attached=False) is None
