@@ -224,7 +224,7 @@ def _end_early(pipe: Pipe, answer: Future, err: BaseException | None) -> None:
 
 
 @contextlib.contextmanager
-def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Iterator[RunLog]:
+def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None, trains: bool = True) -> Iterator[RunLog]:
     """The MLflow run of this experiment, ended FINISHED, FAILED or KILLED (Ctrl-C, SIGTERM), or deleted when this
     process created it and it was refused before its first step (`refused`: the error's paragraph says so).
 
@@ -232,7 +232,8 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
     (a rerun or resume=<dir>) continues that run, after delivering what an earlier attempt left in its
     outbox. Under the localhost launcher, tasks attach to the launcher's run (`contract.ATTACH_RUN`) and leave
     ending it to the launcher. `tags` go on a new run beside the runner's own. Secrets never reach params, tags or
-    logs (`redact`).
+    logs (`redact`). `trains`: False for a task that logs beside the trainers (the side-car evaluator): it redoes no
+    step, so the steps the trainers logged are not skipped in what it logs.
     """
     from runner.control.stopping import Stopped
 
@@ -241,7 +242,7 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None) -> Itera
     early = _early.pop(uri, None)
     discard_prestarted()  # the MLflow processes of other stores
     try:
-        runlog = _start(cfg, overrides, uri, pipe, tags or {}, early)
+        runlog = _start(cfg, overrides, uri, pipe, tags or {}, early, trains)
     except BaseException:
         pipe.close()
         raise
@@ -360,7 +361,7 @@ def _start_args(cfg: DictConfig, overrides, extra_tags: dict) -> dict:
     )
 
 
-def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, early=None) -> RunLog:
+def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, early=None, trains: bool = True) -> RunLog:
     """Continue, attach to, or create the run (in the MLflow process), or take `early`, the one `prestart` created;
     a new run's id is saved beside its outputs."""
     args, answer = early if early is not None else (_start_args(cfg, overrides, extra_tags), None)
@@ -391,7 +392,9 @@ def _start(cfg: DictConfig, overrides, uri: str, pipe: Pipe, extra_tags: dict, e
         flush_every=cfg.mlflow.flush_every_sec,
         delivery_timeout=cfg.mlflow.delivery_timeout_sec,
         outbox_dir=cfg.output_dir,
-        logged_through=_logged_through(started["logged_through"], attached, started.get("earlier")),
+        logged_through=_logged_through(started["logged_through"], attached, started.get("earlier"))
+        if trains
+        else started["logged_through"],
         experiment_id=started.get("experiment_id"),
         previous_status=started.get("previous_status"),
         put_back=started.get("put_back"),
