@@ -18,6 +18,7 @@ import os
 import sys
 
 from runner.config import registry
+from runner.config.compose import composed
 from runner.errors import ConfigError
 from runner.sources.tfrecord import ID_FEATURE, SPEC_FILE
 
@@ -86,20 +87,6 @@ def export(data_cfg, out: str, shards: int, eval_shards: int | None = None) -> d
     return spec
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from runner.config import schema, validate
-
-    schema.register()
-    OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    validate.check_config(cfg)
-    return cfg
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="the runner's data overrides: data=npz data.path=...")
@@ -110,7 +97,7 @@ def main(argv=None) -> int:
     if args.shards < 1 or (args.eval_shards is not None and args.eval_shards < 1):
         parser.error("--shards and --eval-shards must be 1 or more")
     try:
-        cfg = _compose(args.overrides)
+        cfg = composed(args.overrides)
         spec = export(cfg.data, args.out, args.shards, args.eval_shards)
     except ConfigError as err:
         print(f"Error: {err}", file=sys.stderr)

@@ -17,6 +17,7 @@ import re
 import sys
 
 from runner.config import kubernetes_pod
+from runner.config.compose import composed
 from runner.config.redact import redact_uri
 from runner.errors import ConfigError
 
@@ -302,18 +303,13 @@ def manifests(cfg, overrides: list[str], uri: str | None, secret=()) -> list[dic
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
+    """The pods' config: strategy=auto becomes what it chooses for pods of one worker each."""
+    from runner.config.validate import check_config
 
-    from runner.config import schema, validate
-
-    schema.register()
-    OmegaConf.register_new_resolver("runner.or", lambda a, b: a or b, replace=True)
-    with initialize_config_module(config_module="runner.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, "cluster=kubernetes"])
-        if cfg.strategy.name == "auto":  # what strategy=auto chooses for pods of one worker each
-            cfg = compose(config_name="config", overrides=[*overrides, "cluster=kubernetes", "strategy=multi_worker_mirrored"])
-    validate.check_config(cfg)
+    cfg = composed([*overrides, "cluster=kubernetes"], check=False)  # strategy=auto is refused as such: chosen first
+    if cfg.strategy.name == "auto":
+        return composed([*overrides, "cluster=kubernetes", "strategy=multi_worker_mirrored"])
+    check_config(cfg)
     return cfg
 
 
