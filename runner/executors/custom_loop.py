@@ -9,7 +9,7 @@ parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 
 from runner.builders.metrics import build_own, per_replica, reset, results
 from runner.control import teardown
-from runner.executors import loop, per_call
+from runner.executors import loop, per_call, resident
 from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_step import make_replica_step
@@ -83,13 +83,17 @@ class InProcessTrainer(loop.Trainer):
         add, scale, with_shard = shard_accumulator(job)
         replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard, metrics=self.metrics)
         eval_update, self.eval_results = make_evaluator(job, per_example_loss)
+        n = per_call.of(job, job.train.steps_per_loop)
+        self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
+        self.resident = resident.Blocks(data, self.steps_per_call) if resident.usable(job) else None
+        take = next if self.resident is None else self.resident.take
 
         @tf.function
         def train_loop(iterator, num_steps):
             """(mean loss, mean shard loss per replica) over num_steps steps."""
             total, shards = tf.constant(0.0), tf.zeros([replicas])
             for _ in tf.range(num_steps):
-                total, shards = add(strategy.run(replica_step, args=(next(iterator),)), total, shards)
+                total, shards = add(strategy.run(replica_step, args=(take(iterator),)), total, shards)
             count = tf.cast(num_steps, tf.float32)
             return total / count, shards * scale / count
 
@@ -98,9 +102,7 @@ class InProcessTrainer(loop.Trainer):
             strategy.run(eval_update, args=(inputs,))
 
         self.run_loop, self.eval_step = concrete_per_iterator(train_loop), eval_step
-        n = per_call.of(job, job.train.steps_per_loop)
         self.replicas, self.progress = job.replicas, job.progress
-        self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
             f"({per_call.text(job.train.steps_per_loop, n)}), global batch {data.global_batch_size} over "
@@ -110,7 +112,10 @@ class InProcessTrainer(loop.Trainer):
         self.out = None
 
     def begin(self, step: int) -> None:
-        self.iterator = iter(self.job.data.distributed_train(self.job.strategy, step))
+        if self.resident is not None:
+            self.iterator = self.resident.iterator(step)
+        else:
+            self.iterator = iter(self.job.data.distributed_train(self.job.strategy, step))
 
     def train(self, num_steps: int) -> None:
         if num_steps not in self.steps:

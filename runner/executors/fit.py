@@ -6,7 +6,7 @@ import numpy as np
 
 from runner import tf_private
 from runner.control.stopping import StopGuard
-from runner.executors import per_call
+from runner.executors import per_call, resident
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
     Job,
@@ -29,7 +29,15 @@ from runner.tracking import phases
 
 
 def _replica_loss_model(
-    inner, per_example_loss, gather: bool, initial_step: int, replicas: int, shard_losses, strip_ids, accumulation_steps: int
+    inner,
+    per_example_loss,
+    gather: bool,
+    initial_step: int,
+    replicas: int,
+    shard_losses,
+    strip_ids,
+    accumulation_steps: int,
+    rows=None,
 ):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
@@ -37,6 +45,8 @@ def _replica_loss_model(
     device, with no cross-device op in the step, and replica_losses() reads the copies when metrics are logged.
     Several workers: the shard losses are all-gathered in the step (the chief needs the other workers'), so each
     replica holds the same vector and distribute_reduction_method="first" hands it back whole.
+
+    `rows`: the input is batches of row indices, and rows(indices) gathers the step's (x, y) (runner.executors.resident).
     """
     import tensorflow as tf
     import tf_keras
@@ -109,7 +119,8 @@ def _replica_loss_model(
             return self.train_function
 
         def train_step(self, data):
-            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(strip_ids(data))
+            data = strip_ids(data) if rows is None else rows(data)
+            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
             if accumulation_steps > 1:
                 loss, shard = self.accumulate(x, y, sample_weight)
                 logs = dict(self.get_metrics_result())
@@ -276,6 +287,7 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
     tf_private.ResumeInsideEpoch.check()
     gather = not job.parameter_server
     shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
+    held = resident.Resident(job.data) if resident.usable(job) else None
     with job.strategy.scope():
         model = _replica_loss_model(
             job.model,
@@ -286,6 +298,7 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
             shard_losses,
             job.data.strip_ids,
             job.train.accumulation_steps,
+            rows=None if held is None else held.gather,
         )
         own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         model.compile(
@@ -298,7 +311,10 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
     model.distribute_reduction_method = "first"
     data = job.data
     # a resumed run's input starts at its step (not under parameter_server: workers take batches in no fixed order)
-    fit_input = data.fit_input(dataset_creator=job.parameter_server, done_steps=0 if job.parameter_server else initial_step)
+    if held is not None:
+        fit_input = held.rows(initial_step)
+    else:
+        fit_input = data.fit_input(dataset_creator=job.parameter_server, done_steps=0 if job.parameter_server else initial_step)
     arrays_in = data.input == "numpy" and not job.parameter_server
     kwargs = {"batch_size": data.global_batch_size} if arrays_in else {}
     x, y = fit_input if arrays_in else (fit_input, None)

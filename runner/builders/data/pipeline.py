@@ -93,8 +93,16 @@ class Data:
         only), at a fraction of the input time per step."""
         import tensorflow as tf
 
-        rows = len(x)
+        ds = self.row_batches(len(x), batch_size, train)
         x, y = tf.constant(x), tf.constant(y)  # graph constants inside a dataset_fn (parameter_server's workers)
+        ds = ds.map(lambda rows: (tf.gather(x, rows), tf.gather(y, rows)))
+        # Workers shard by element, not by file: the data are in memory.
+        return finish(ds, self.prefetch, "DATA")
+
+    def row_batches(self, rows: int, batch_size: int, train: bool):
+        """The batches of row indices of `rows` examples: shuffled (seeded) and repeated when `train`."""
+        import tensorflow as tf
+
         ds = tf.data.Dataset.range(rows)
         if self.cache:
             ds = ds.cache()
@@ -102,12 +110,8 @@ class Data:
             if self.shuffle:
                 ds = ds.shuffle(min(self.shuffle_buffer, rows), seed=self.seed, reshuffle_each_iteration=True)
             # Repeat, and keep every step's batch full: equal shards on every replica every step.
-            ds = ds.repeat().batch(batch_size, drop_remainder=True)
-        else:
-            ds = ds.batch(batch_size)
-        ds = ds.map(lambda rows: (tf.gather(x, rows), tf.gather(y, rows)))
-        # Workers shard by element, not by file: the data are in memory.
-        return finish(ds, self.prefetch, "DATA")
+            return ds.repeat().batch(batch_size, drop_remainder=True)
+        return ds.batch(batch_size)
 
     def train_dataset(self):
         """Global batches, repeated: for Model.fit with steps_per_epoch."""

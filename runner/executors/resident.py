@@ -1,0 +1,68 @@
+"""In-memory training data kept as tensors, each step's batch gathered inside the training step.
+
+The tf.data pipeline of in-memory data (runner.builders.data.pipeline) gathers each batch inside tf.data and hands
+it over through an iterator, a large share of a small model's step. Here the iterator yields only the row indices
+(the same index stream: the same batches in the same order, and a resume skips the same steps), and the step
+gathers its rows from the arrays, which stay tensors in memory. The custom loop goes further: its iterator yields
+a call's worth of row batches at once, held in a variable that the steps read in turn, so that most steps read no
+iterator at all. Used where one process trains one replica on the tf_data input path; elsewhere the strategy
+distributes the dataset as before.
+"""
+
+from runner.builders.data.pipeline import Data, Input, finish
+
+
+def usable(job) -> bool:
+    data = job.data
+    return (
+        type(data) is Data  # in memory, not streamed from files
+        and data.input == Input.tf_data
+        and job.strategy.num_replicas_in_sync == 1
+        and not job.multi_worker
+        and not job.parameter_server
+    )
+
+
+class Resident:
+    def __init__(self, data: Data):
+        import tensorflow as tf
+
+        self.tf, self.data = tf, data
+        self.x, self.y = tf.constant(data.arrays.x_train), tf.constant(data.arrays.y_train)
+
+    def rows(self, done_steps: int, block: int | None = None):
+        """The training row batches from step `done_steps` on, each step's alone or `block` steps' at a time."""
+        data = self.data
+        ds = data.row_batches(len(data.arrays.x_train), data.global_batch_size, train=True).skip(done_steps)
+        return finish(ds if block is None else ds.batch(block), data.prefetch, "OFF")
+
+    def gather(self, rows):
+        return self.tf.gather(self.x, rows), self.tf.gather(self.y, rows)
+
+
+class Blocks(Resident):
+    """The custom loop's: `iterator(done_steps)` starts the block iterator; `take(iterator)`, inside the
+    tf.function instead of `next(iterator)`, returns the next step's (x, y)."""
+
+    def __init__(self, data: Data, block: int):
+        super().__init__(data)
+        tf = self.tf
+        self.block = block
+        self.held = tf.Variable(tf.zeros([block, data.global_batch_size], tf.int64), trainable=False)
+        self.at = tf.Variable(block, trainable=False)  # the next step's row batch in `held`; block: none left
+        self.take = tf.autograph.experimental.do_not_convert(self._take)
+
+    def iterator(self, done_steps: int):
+        self.at.assign(self.block)
+        return iter(self.rows(done_steps, self.block))
+
+    def _take(self, iterator):
+        tf = self.tf
+
+        def refill():
+            self.held.assign(next(iterator))
+            return tf.constant(0)
+
+        at = tf.cond(self.at >= self.block, refill, self.at.read_value)
+        self.at.assign(at + 1)
+        return self.gather(self.held[at])
