@@ -81,15 +81,12 @@ class InProcessTrainer(loop.Trainer):
             self.metrics = build_own(job.metrics)  # train.metrics on the training batches
         replicas = strategy.num_replicas_in_sync
         add, scale, with_shard = shard_accumulator(job)
+        replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard, metrics=self.metrics)
+        eval_update, self.eval_results = make_evaluator(job, per_example_loss)
         n = per_call.of(job, job.train.steps_per_loop)
         self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
-        # in-memory data: row indices in, each replica's rows gathered in its step (runner.executors.resident)
-        self.blocks = resident.Blocks(data, self.steps_per_call) if resident.blocks_usable(job) else None
-        self.rows = resident.Resident(data) if self.blocks is None and resident.usable(job) else None
-        take = next if self.blocks is None else self.blocks.take
-        gather = None if self.rows is None else self.rows.gather
-        replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard, metrics=self.metrics, rows=gather)
-        eval_update, self.eval_results = make_evaluator(job, per_example_loss)
+        self.resident = resident.Blocks(data, self.steps_per_call) if resident.usable(job) else None
+        take = next if self.resident is None else self.resident.take
 
         @tf.function
         def train_loop(iterator, num_steps):
@@ -115,10 +112,8 @@ class InProcessTrainer(loop.Trainer):
         self.out = None
 
     def begin(self, step: int) -> None:
-        if self.blocks is not None:
-            self.iterator = self.blocks.iterator(step)
-        elif self.rows is not None:
-            self.iterator = iter(self.job.strategy.experimental_distribute_dataset(self.rows.rows(step)))
+        if self.resident is not None:
+            self.iterator = self.resident.iterator(step)
         else:
             self.iterator = iter(self.job.data.distributed_train(self.job.strategy, step))
 

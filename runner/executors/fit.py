@@ -287,7 +287,6 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
     tf_private.ResumeInsideEpoch.check()
     gather = not job.parameter_server
     shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
-    # in-memory data: row indices in, each replica's rows gathered in its step (runner.executors.resident)
     held = resident.Resident(job.data) if resident.usable(job) else None
     with job.strategy.scope():
         model = _replica_loss_model(

@@ -9,10 +9,9 @@ from runner.executors.accumulation import accumulated
 from runner.executors.base import Job
 
 
-def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=(), keras3: bool = False, rows=None):
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=(), keras3: bool = False):
     """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss.
-    `metrics`: train.metrics' objects (made inside the scope), updated with each (micro-)batch's labels and output.
-    `rows`: the input is row indices, and rows(indices) gathers the replica's (x, y) (runner.executors.resident)."""
+    `metrics`: train.metrics' objects (made inside the scope), updated with each (micro-)batch's labels and output."""
     import tensorflow as tf
     import tf_keras
 
@@ -53,12 +52,11 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metri
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return (loss, tf.reshape(losses_sum / count, [1])) if with_shard else loss
 
-    # (x, y): a debug option may add record ids to the batch (runner.builders.data.tfrecord), or the batch is row
-    # indices to gather; plain TensorFlow, left alone
-    unpack = tf.autograph.experimental.do_not_convert(job.data.strip_ids if rows is None else rows)
+    # (x, y): a debug option may add record ids to the batch (runner.builders.data.tfrecord); plain TensorFlow, left alone
+    strip_ids = tf.autograph.experimental.do_not_convert(job.data.strip_ids)
 
     def replica_step(inputs):
-        x, y = unpack(inputs)[:2]
+        x, y = strip_ids(inputs)[:2]
         grads, (loss, losses_sum, count) = accumulated(k, (x, y), micro_step)
         return apply(grads, loss, losses_sum, count)
 

@@ -1,25 +1,29 @@
 """In-memory training data kept as tensors, each step's batch gathered inside the training step.
 
 The tf.data pipeline of in-memory data (runner.builders.data.pipeline) gathers each batch inside tf.data and hands
-it over through an iterator, a large share of a small model's step. Here the pipeline yields only the row indices
-(the same index stream, split over replicas and sharded over workers as the batches were: the same batches in the
-same order, and a resume skips the same steps), and each replica's step gathers its rows from the arrays, which stay
-tensors in memory. Where one process trains one replica, the custom loop goes further: its iterator yields a call's
-worth of row batches at once, held in a variable that the steps read in turn, so that most steps read no iterator at
-all. Not under parameter_server, whose workers build their own pipelines.
+it over through an iterator, a large share of a small model's step. Here the iterator yields only the row indices
+(the same index stream: the same batches in the same order, and a resume skips the same steps), and the step
+gathers its rows from the arrays, which stay tensors in memory. The custom loop goes further: its iterator yields
+a call's worth of row batches at once, held in a variable that the steps read in turn, so that most steps read no
+iterator at all. Used where one process trains one replica on the tf_data input path; elsewhere the strategy
+distributes the dataset as before.
 """
 
 from runner.builders.data.pipeline import Data, Input, finish
 
 
 def usable(job) -> bool:
-    """In memory (not streamed from files), on the tf_data input path, not under parameter_server."""
-    return type(job.data) is Data and job.data.input == Input.tf_data and not job.parameter_server
-
-
-def blocks_usable(job) -> bool:
-    """One process, one replica: the custom loop's blocks of row batches."""
-    return usable(job) and job.strategy.num_replicas_in_sync == 1 and not job.multi_worker
+    """In memory (not streamed from files), on the tf_data input path, one process training one replica. Under
+    MirroredStrategy over 2 logical CPUs the gather in each replica's step measured slower than tf.data's, which
+    runs beside the replicas (docs/dev/benchmarks.md)."""
+    data = job.data
+    return (
+        type(data) is Data  # in memory, not streamed from files
+        and data.input == Input.tf_data
+        and job.strategy.num_replicas_in_sync == 1
+        and not job.multi_worker
+        and not job.parameter_server
+    )
 
 
 class Resident:
@@ -33,11 +37,9 @@ class Resident:
         """The training row batches from step `done_steps` on, each step's alone or `block` steps' at a time."""
         data = self.data
         ds = data.row_batches(len(data.arrays.x_train), data.global_batch_size, train=True).skip(done_steps)
-        # Workers shard by element, as the gathered batches were.
-        return finish(ds if block is None else ds.batch(block), data.prefetch, "DATA")
+        return finish(ds if block is None else ds.batch(block), data.prefetch, "OFF")
 
     def gather(self, rows):
-        """A replica's (x, y) of its row indices."""
         return self.tf.gather(self.x, rows), self.tf.gather(self.y, rows)
 
 
