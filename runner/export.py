@@ -18,7 +18,7 @@ import os
 import sys
 
 from runner.config import registry
-from runner.config.compose import composed
+from runner.config.compose import CompositionError, composed
 from runner.errors import ConfigError
 from runner.sources.tfrecord import ID_FEATURE, SPEC_FILE
 
@@ -102,9 +102,9 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # Hydra: an unknown option or key
+    except CompositionError as err:  # Hydra: an unknown option or key, a value of the wrong type
         print(f"Error: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code
     counts = {split: sum(c for name, (c, _) in spec["records"].items() if name.startswith(split)) for split in ("train", "eval")}
     print(
         f"wrote {counts['train']} training and {counts['eval']} eval records of {spec['source']} to {args.out} "

@@ -17,7 +17,7 @@ import re
 import sys
 
 from runner.config import kubernetes_pod
-from runner.config.compose import composed
+from runner.config.compose import CompositionError, composed
 from runner.config.redact import redact_uri
 from runner.errors import ConfigError
 
@@ -333,9 +333,9 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # Hydra: an unknown option or key
-        print(f"Error: {str(err).removeprefix('Error: ')}", file=sys.stderr)
-        return 2
+    except CompositionError as err:  # Hydra: an unknown option or key, a value of the wrong type
+        print(f"Error: {err}", file=sys.stderr)
+        return err.exit_code
     notes = []
     if secret:
         namespace = f" -n {cfg.cluster.namespace}" if cfg.cluster.namespace else ""

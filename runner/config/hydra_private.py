@@ -81,7 +81,7 @@ def _suggest_close_names() -> None:
     try:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.errors import ConfigCompositionException, MissingConfigException
-        from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+        from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
     except ImportError:
         return
     if getattr(ConfigLoaderImpl.load_configuration, _MARK, False):
@@ -108,6 +108,11 @@ def _suggest_close_names() -> None:
                         )
                     except Exception:  # the message is a courtesy: never hide Hydra's error behind another one
                         problem = None
+                elif isinstance(err.__cause__, ValidationError) and override.input_line:
+                    from runner.config.suggest import value_problem
+
+                    key, _, value = override.input_line.partition("=")
+                    problem = value_problem(key, value, str(err.__cause__).splitlines()[0])
                 if problem is None:
                     from runner.config.redact import redact
 

@@ -107,3 +107,11 @@ def option_problem(group: str, name: str, options, hydra_says: str, searched=())
     text += f": did you mean {' or '.join(f'{group}={c}' for c in close)}?" if close else ", and no option has a similar name."
     where = f"; searched {', '.join(searched)}" if searched else ""
     return f"{text} The options of {group} are: {', '.join(options)}. Nothing ran (Hydra: {hydra_says}{where})."
+
+
+def value_problem(key: str, value: str, omegaconf_says: str) -> str:
+    """Hydra refused `key=value` from the command line: the value is not of the key's type."""
+    return (
+        f"{key}={value} has the wrong type for {key.lstrip('+~')} ({omegaconf_says.rstrip('.')}). Give it a value of "
+        f"its type: every key's type and range is in docs/reference/config.md; {COMPOSED}. Nothing ran."
+    )

@@ -124,3 +124,39 @@ def test_summary_json_is_strict_json_when_a_figure_is_not_finite(tmp_path):
 
     summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
     assert summary == {"steps": 0, "final_loss": None, "eval/loss": None, "run_id": "abc", "steps_per_sec": 2.5}
+
+
+@pytest.mark.parametrize("command", ["runner.export", "runner.kubernetes"])
+@pytest.mark.parametrize(
+    "override,code,says",
+    [
+        ("data=nosuch", 1, "data=nosuch is not an option of data"),
+        ("train.epochs=abc", 1, "train.epochs=abc has the wrong type for train.epochs"),
+        ("trian.epochs=3", 1, "did you mean train.epochs=3?"),
+        ("+train.epochs=2", 1, "An item is already at 'train.epochs'"),
+        ("train.epochs=${nope}", 2, "train.epochs: the interpolation refers to nope"),
+        ("train.epochs=${train.epochs}", 2, "an interpolation cycle"),
+    ],
+)
+def test_the_other_commands_refuse_a_config_as_python_m_runner_does(command, override, code, says, capsys, tmp_path):
+    """python -m runner.export and runner.kubernetes compose the config as the runner does: what Hydra refuses is one
+    paragraph and exit 1, an interpolation that cannot be resolved exit 2 (docs/errors.md), never a traceback."""
+    import importlib
+
+    main = importlib.import_module(command).main
+    assert main([override, "--out", str(tmp_path / "out")]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and err.count("Error: ") == 1 and len(err.strip().splitlines()) == 1, err
+    assert says in err, err
+
+
+def test_a_value_of_the_wrong_type_is_one_paragraph_naming_the_key():
+    """python -m runner train.epochs=abc: the key, the value, OmegaConf's reason and where the types are (exit 1)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "data.shuffle=maybe"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and done.stderr.startswith("Error: data.shuffle=maybe has the wrong type"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "docs/reference/config.md" in done.stderr, done.stderr
