@@ -38,6 +38,7 @@ import sys
 from runner.control import procs
 
 ATTACH_RUN = "RUNNER_MLFLOW_RUN_ID"
+NO_RUN = "-"  # ATTACH_RUN of a launched task with mlflow.enabled=false: launched, no run to attach to
 LAUNCH_ID = "RUNNER_LAUNCH_ID"
 TASK_ROLE = "RUNNER_TASK_ROLE"
 ELASTIC = "RUNNER_ELASTIC"  # set by the elastic launcher: a task that loses a peer is restarted, not the user's to resume
@@ -56,10 +57,11 @@ CPUS = "RUNNER_CPUS"  # sweep.parallel: the CPUs a job keeps to (runner.env.prep
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 
 
-def child_env(tracking_uri: str, **variables: str) -> dict[str, str]:
-    """This process's environment for a child, plus `variables` and the store (unbuffered, so lines come through
-    as they are written)."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", **{TRACKING_URI: tracking_uri}, **variables)
+def child_env(tracking_uri: str | None, **variables: str) -> dict[str, str]:
+    """This process's environment for a child, plus `variables` and the store (None: MLflow is off; unbuffered, so
+    lines come through as they are written)."""
+    store = {} if tracking_uri is None else {TRACKING_URI: tracking_uri}
+    return dict(os.environ, PYTHONUNBUFFERED="1", **store, **variables)
 
 
 def runner_command(overrides: list[str]) -> list[str]:

@@ -43,7 +43,8 @@ def evaluate_checkpoints(cfg, cluster) -> dict:
     checkpoint = tf.train.Checkpoint(model=model, step=step)
     directory = layout.checkpoint_dir(cfg)
     # Under the localhost launcher the metrics go into the job's run; elsewhere only to this task's log.
-    context = mlflow_run(cfg, trains=False) if os.environ.get(contract.ATTACH_RUN) else contextlib.nullcontext(NullRun())
+    attached = cfg.mlflow.enabled and os.environ.get(contract.ATTACH_RUN) not in (None, "", contract.NO_RUN)
+    context = mlflow_run(cfg, trains=False) if attached else contextlib.nullcontext(NullRun())
     log.info("%s: evaluating checkpoints in %s until step %d", cluster.task, directory, final_step)
     state = tf.train.get_checkpoint_state(directory)  # an earlier attempt's (resume=): only its newest, as before
     results, done = {}, {str(p) for p in (state.all_model_checkpoint_paths[:-1] if state else [])}

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
@@ -26,6 +27,7 @@ from runner.errors import ClusterError, ConfigError
 from runner.launch import elastic
 from runner.launch.elastic import TaskLost, TaskPreempted
 from runner.tracking.run import mlflow_run, where_line
+from runner.tracking.runlog import NullRun
 
 log = logging.getLogger("runner")
 POLL_SEC = 0.2
@@ -203,7 +205,7 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, sp
             uri,
             **{
                 "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": job, "index": i}}),
-                contract.ATTACH_RUN: run_id,
+                contract.ATTACH_RUN: run_id or contract.NO_RUN,
                 contract.LAUNCH_ID: launch_id,
                 contract.TASK_ROLE: layout.task_role(cfg.strategy.name, job),
                 **({contract.ELASTIC: "1"} if elastic.enabled(cfg) else {}),
@@ -322,7 +324,9 @@ def launch(
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     stopping.install()
     logged, cfg = cfg, job if job is not None else cfg
-    with mlflow_run(logged, overrides, chosen.tags if chosen else {}) as run:
+    # mlflow.enabled=false: no run, and the tasks log nowhere either
+    context = mlflow_run(logged, overrides, chosen.tags if chosen else {}) if cfg.mlflow.enabled else nullcontext(NullRun())
+    with context as run:
         tasks = make_tasks(cfg, overrides, run.run_id, run.tracking_uri)
         log.info("cluster on %s: %s", where, ", ".join(t.name for t in tasks))
         log.info(

@@ -294,7 +294,7 @@ class RunLog:
 class NullRun:
     """What a non-chief task reports to: nothing, so each metric is logged once per cluster."""
 
-    run_id = last_step = earlier = None
+    run_id = last_step = earlier = tracking_uri = None
 
     def log_metrics(self, values, step):
         pass
@@ -315,6 +315,9 @@ class NullRun:
         pass
 
     def log_artifact(self, path, artifact_path=None):
+        pass
+
+    def log_text(self, text, name):
         pass
 
     def log_inputs(self, datasets):

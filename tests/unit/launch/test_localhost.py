@@ -439,3 +439,27 @@ def test_a_task_that_refuses_the_configuration_ends_the_job_with_exit_2_until_ch
     with pytest.raises(ClusterError, match=r"task worker:0 \(pid \d+\) stopped: exit code 2\. .* rerun with resume="):
         localhost.supervise(tasks, cfg)
     localhost.stop_all(tasks, grace=2)
+
+
+def test_with_mlflow_off_the_launcher_creates_no_run_and_its_tasks_attach_to_none(tmp_path, monkeypatch):
+    """mlflow.enabled=false under a launcher: no MLflow run, no store (it made ./mlflow.db and a run before), and the
+    tasks, still marked as launched, are given no run and no store."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = composed(tmp_path, *MWMS, "mlflow.enabled=false")
+    seen = tmp_path / "seen"
+
+    def make_tasks(cfg, overrides, run_id, uri):
+        tasks = localhost.build_tasks(cfg, overrides, run_id, uri)
+        for t in tasks:  # each task writes what it was given, then ends as a finished trainer does
+            t.argv = script(
+                f"open({str(seen)!r} + '-' + str(os.getpid()), 'w').write("
+                f"repr((os.environ.get({contract.ATTACH_RUN!r}), os.environ.get('MLFLOW_TRACKING_URI'))))"
+            )
+        return tasks
+
+    summary = localhost.launch(cfg, make_tasks=make_tasks)
+    assert summary.get("run_id") is None
+    given = {p.read_text() for p in tmp_path.glob("seen-*")}
+    assert given == {repr((contract.NO_RUN, None))}, given
+    assert not list(tmp_path.rglob("mlflow.db")) and not (tmp_path / "mlruns").exists()
