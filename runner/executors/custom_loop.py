@@ -85,7 +85,9 @@ class InProcessTrainer(loop.Trainer):
         eval_update, self.eval_results = make_evaluator(job, per_example_loss)
         n = per_call.of(job, job.train.steps_per_loop)
         self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
-        self.resident = resident.Blocks(data, self.steps_per_call) if resident.usable(job) else None
+        self.resident = None
+        if resident.usable(job):  # in-memory data: each step gathers its own rows (runner.executors.resident)
+            self.resident = resident.Blocks(data, resident.block_steps(self.steps_per_call, data.global_batch_size))
         take = next if self.resident is None else self.resident.take
 
         @tf.function

@@ -26,6 +26,14 @@ def usable(job) -> bool:
     )
 
 
+BLOCK_BYTES = 8 << 20  # the most row indices one block holds: a call of 100,000 steps must not hold them all
+
+
+def block_steps(steps_per_call: int, global_batch_size: int) -> int:
+    """The steps of one block: a call's, unless their row indices (int64) would exceed BLOCK_BYTES."""
+    return max(1, min(steps_per_call, BLOCK_BYTES // (8 * global_batch_size)))
+
+
 class Resident:
     def __init__(self, data: Data):
         import tensorflow as tf

@@ -51,3 +51,11 @@ def test_the_steps_gather_the_pipelines_batches(rows, batch, shuffle, buffer, ca
         for (x, y), (ex, ey) in zip(got, expected):
             np.testing.assert_array_equal(x, ex)
             np.testing.assert_array_equal(y, ey)
+
+
+def test_a_block_is_a_calls_steps_unless_their_indices_outgrow_the_cap():
+    """train.steps_per_loop=100000 at batch 1024 held 800 MB of row indices (3 GB at its peak, tf.data's copies)."""
+    from runner.executors.resident import BLOCK_BYTES, block_steps
+
+    assert block_steps(10, 256) == 10 and block_steps(1, 1 << 30) == 1
+    assert block_steps(100_000, 1024) * 1024 * 8 <= BLOCK_BYTES < (block_steps(100_000, 1024) + 1) * 1024 * 8
