@@ -269,7 +269,8 @@ def main(cfg: DictConfig) -> float | None:
         if isinstance(err, ConfigError) and not phases.trained():
             restore_record()  # a refused resume= trained nothing: its command is not the run's record
 
-        kept = layout.checkpoint_dir(cfg) if cfg.checkpoint.enabled and (cfg.checkpoint.dir or cfg.output_dir) else None
+        saving = "checkpoint" in cfg and cfg.checkpoint.enabled  # `~checkpoint` removes it: a ConfigError of its own
+        kept = layout.checkpoint_dir(cfg) if saving and (cfg.checkpoint.dir or cfg.output_dir) else None
         said = said_after_training(str(err), kept)
         print(redact(f"Error: {said}{deleted_line(err)}"), file=sys.stderr)
         sys.exit(err.exit_code)

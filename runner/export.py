@@ -18,7 +18,7 @@ import os
 import sys
 
 from runner.config import registry
-from runner.config.compose import CompositionError, composed
+from runner.config.compose import composed, reported
 from runner.errors import ConfigError
 from runner.sources.tfrecord import ID_FEATURE, SPEC_FILE
 
@@ -99,12 +99,16 @@ def main(argv=None) -> int:
     try:
         cfg = composed(args.overrides)
         spec = export(cfg.data, args.out, args.shards, args.eval_shards)
-    except ConfigError as err:
-        print(f"Error: {err}", file=sys.stderr)
+    except OSError as err:  # writing --out (a file there, no permission), or reading the source
+        where = str(err.filename or args.out)
+        hint = " Give --out a new directory where you can write." if where.startswith(str(args.out)) else ""
+        print(f"Error: {where}: {err.strerror or err}.{hint}", file=sys.stderr)
         return 2
-    except CompositionError as err:  # Hydra: an unknown option or key, a value of the wrong type
-        print(f"Error: {err}", file=sys.stderr)
-        return err.exit_code
+    except Exception as err:
+        code = reported(err, args.overrides)  # a config that cannot work: one paragraph
+        if code is None:
+            raise
+        return code
     counts = {split: sum(c for name, (c, _) in spec["records"].items() if name.startswith(split)) for split in ("train", "eval")}
     print(
         f"wrote {counts['train']} training and {counts['eval']} eval records of {spec['source']} to {args.out} "

@@ -17,7 +17,7 @@ import re
 import sys
 
 from runner.config import kubernetes_pod
-from runner.config.compose import CompositionError, composed
+from runner.config.compose import checked, composed, reported
 from runner.config.redact import redact_uri
 from runner.errors import ConfigError
 
@@ -304,13 +304,13 @@ def manifests(cfg, overrides: list[str], uri: str | None, secret=()) -> list[dic
 
 def _compose(overrides: list[str]):
     """The pods' config: strategy=auto becomes what it chooses for pods of one worker each."""
-    from runner.config.validate import check_config
+    from runner.config.validate import whole
 
     cfg = composed([*overrides, "cluster=kubernetes"], check=False)  # strategy=auto is refused as such: chosen first
+    whole(cfg)  # `~strategy`: named as such before it is read
     if cfg.strategy.name == "auto":
         return composed([*overrides, "cluster=kubernetes", "strategy=multi_worker_mirrored"])
-    check_config(cfg)
-    return cfg
+    return checked(cfg, overrides)
 
 
 def main(argv=None) -> int:
@@ -330,12 +330,11 @@ def main(argv=None) -> int:
             uri = f"sqlite:///{cfg.cluster.mount_path.rstrip('/')}/{_name(cfg)}/mlflow.db"
         secret = secret_keys(uri, os.environ)
         objects = manifests(cfg, given, uri, secret)
-    except ConfigError as err:
-        print(f"Error: {err}", file=sys.stderr)
-        return 2
-    except CompositionError as err:  # Hydra: an unknown option or key, a value of the wrong type
-        print(f"Error: {err}", file=sys.stderr)
-        return err.exit_code
+    except Exception as err:
+        code = reported(err, given)  # a config that cannot work: one paragraph
+        if code is None:
+            raise
+        return code
     notes = []
     if secret:
         namespace = f" -n {cfg.cluster.namespace}" if cfg.cluster.namespace else ""

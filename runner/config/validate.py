@@ -34,14 +34,31 @@ def check(fn):
 
 def check_config(cfg: DictConfig) -> None:
     """Every pure check, in order; the first problem raises ConfigError."""
+    whole(cfg)
     for fn in CHECKS:
         fn(cfg)
+
+
+def whole(cfg: DictConfig) -> None:
+    """Every part of the runner's config is there: `~train` or `~strategy` on the command line removes one that every
+    run reads (the schema's keys), which would end in OmegaConf's traceback wherever it is first read."""
+    from runner.config.schema import RunnerConfig
+
+    for key in (f.name for f in dataclasses.fields(RunnerConfig)):
+        if key not in cfg or OmegaConf.is_missing(cfg, key):
+            option = (
+                f" or choose another option ({key}=<option>; python -m runner --help lists them)"
+                if key in registry.GROUPS
+                else ""
+            )
+            raise ConfigError(f"the config has no {key} (~{key} removes it), and every run reads it: drop ~{key}{option}.")
 
 
 def validate(cfg: DictConfig) -> "strategy_auto.Choice | None":
     """strategy=auto resolved (it reads TF_CONFIG, Slurm's and CUDA's variables), the pure checks, then the
     pre-flight probes (ports, TF_CONFIG, MLflow server, directories, files). Returns strategy=auto's choice (None
     when the config names a strategy), for the caller to log, tag and check at start."""
+    whole(cfg)
     if cfg.cluster.name == "kubernetes":  # this pod's TF_CONFIG, which the checks below and strategy=auto read
         kubernetes_pod.derive({k: cfg.cluster[k] for k in kubernetes_pod.SHAPE}, cfg.strategy.name)
     chosen = strategy_auto.resolve(cfg)

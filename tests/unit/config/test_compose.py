@@ -103,6 +103,8 @@ def refusal(*overrides) -> str:
         (["strategy=mirrored", "+strategy.devicez=[/cpu:0]"], ["strategy.devicez", "devices"]),
         (["+train.optimizer.momentun=0.9"], ["train.optimizer.momentun", "learning_rate"]),
         (["+stratgy=mirrored"], ["stratgy", "strategy, cross_device_ops"]),
+        (["~train"], ["the config has no train (~train removes it)"]),  # a part every run reads, removed
+        (["~strategy"], ["the config has no strategy", "strategy=<option>"]),
         (
             ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.kind=weird"],
             ["strategy.variable_partitioner.kind", "weird"],
@@ -136,6 +138,9 @@ def test_summary_json_is_strict_json_when_a_figure_is_not_finite(tmp_path):
         ("+train.epochs=2", 1, "An item is already at 'train.epochs'"),
         ("train.epochs=${nope}", 2, "train.epochs: the interpolation refers to nope"),
         ("train.epochs=${train.epochs}", 2, "an interpolation cycle"),
+        ("data.num_features=${oc.env:RUNNER_TEST_UNSET}", 2, "RUNNER_TEST_UNSET, which is not set"),
+        ("~strategy", 2, "the config has no strategy (~strategy removes it)"),
+        ("train.épochs=3", 2, "is not an override Hydra can read"),
     ],
 )
 def test_the_other_commands_refuse_a_config_as_python_m_runner_does(command, override, code, says, capsys, tmp_path):
@@ -150,13 +155,28 @@ def test_the_other_commands_refuse_a_config_as_python_m_runner_does(command, ove
     assert says in err, err
 
 
-def test_a_value_of_the_wrong_type_is_one_paragraph_naming_the_key():
-    """python -m runner train.epochs=abc: the key, the value, OmegaConf's reason and where the types are (exit 1)."""
+@pytest.mark.parametrize(
+    "override,code,says",
+    [
+        ("data.shuffle=maybe", 1, "Error: data.shuffle=maybe has the wrong type for data.shuffle"),
+        ("~checkpoint", 2, "Error: the config has no checkpoint (~checkpoint removes it)"),  # its handler read it
+    ],
+)
+def test_a_value_of_the_wrong_type_or_a_removed_part_is_one_paragraph(override, code, says):
+    """python -m runner train.epochs=abc: the key, the value, OmegaConf's reason and where the types are (exit 1);
+    ~checkpoint: which part is gone (exit 2). Both were OmegaConf's lines or traceback."""
     import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", "data.shuffle=maybe"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 1 and done.stderr.startswith("Error: data.shuffle=maybe has the wrong type"), done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and "docs/reference/config.md" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, "-m", "runner", override], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == code and done.stderr.startswith(says), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_export_into_a_file_names_it(tmp_path, capsys):
+    from runner.export import main
+
+    (tmp_path / "taken").write_text("")
+    assert main(["--out", str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"Error: {tmp_path / 'taken'}: File exists. Give --out a new directory where you can write.\n", err
