@@ -34,7 +34,7 @@ ROWS = {
     "unknown-key": Row(
         ["train.epoch=3"], 1, ["did you mean train.epochs=3?", "Key 'epoch' not in 'TrainConfig'", "full_key: train.epoch"]
     ),
-    "wrong-type": Row(["train.epochs=many"], 1, ["full_key: train.epochs", "'many'"]),
+    "wrong-type": Row(["train.epochs=many"], 1, ["train.epochs=many has the wrong type for train.epochs", "'many'"]),
     "unknown-strategy-argument": Row(
         ["strategy=mirrored", "strategy.device=/gpu:0"], 1, ["Key 'device' not in 'MirroredConfig'"]
     ),
