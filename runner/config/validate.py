@@ -417,6 +417,22 @@ def steps_per_call(cfg):
 
 
 @check
+def xla_on_logical_cpus(cfg):
+    """train.jit_compile=true with replicas on logical CPU devices: XLA's compiled step reads a variable of another
+    logical device and TensorFlow refuses it at the first step (mirrored under either executor, central_storage
+    under fit; central_storage's custom loop and one replica train)."""
+    n, strategy, executor = cfg.devices.logical_cpus, cfg.strategy.name, cfg.executor.name
+    if not cfg.train.jit_compile or n < 2 or not (strategy == "mirrored" or (strategy, executor) == ("central_storage", "fit")):
+        return
+    raise ConfigError(
+        f"train.jit_compile=true cannot compile the step of strategy={strategy} over devices.logical_cpus={n} "
+        "(executor=" + executor + "): TensorFlow's XLA step reads variables across the logical CPU devices and refuses "
+        "at the first step. Leave train.jit_compile unset, or use devices.logical_cpus=1"
+        + (", or executor=custom_loop." if strategy == "central_storage" else ".")
+    )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

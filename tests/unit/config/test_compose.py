@@ -104,6 +104,12 @@ def refusal(*overrides) -> str:
         (["+train.optimizer.momentun=0.9"], ["train.optimizer.momentun", "learning_rate"]),
         (["+stratgy=mirrored"], ["stratgy", "strategy, cross_device_ops"]),
         (["~train"], ["the config has no train (~train removes it)"]),  # a part every run reads, removed
+        # XLA across logical CPUs: TensorFlow's traceback at the first step before
+        (["strategy=mirrored", "devices.logical_cpus=2", "train.jit_compile=true"], ["strategy=mirrored", "logical_cpus=2"]),
+        (
+            ["strategy=central_storage", "devices.logical_cpus=2", "train.jit_compile=true"],
+            ["strategy=central_storage", "executor=custom_loop"],
+        ),
         (["~strategy"], ["the config has no strategy", "strategy=<option>"]),
         (
             ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.kind=weird"],
