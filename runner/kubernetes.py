@@ -310,7 +310,7 @@ def _compose(overrides: list[str]):
     whole(cfg)  # `~strategy`: named as such before it is read
     if cfg.strategy.name == "auto":
         return composed([*overrides, "cluster=kubernetes", "strategy=multi_worker_mirrored"])
-    return checked(cfg, overrides)
+    return checked(cfg)
 
 
 def main(argv=None) -> int:

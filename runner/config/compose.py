@@ -42,11 +42,11 @@ def composed(overrides: list[str], check: bool = True) -> DictConfig:
             said.append(str(err.__cause__).splitlines()[0])  # what OmegaConf refused, as python -m runner prints it
         raise CompositionError(" ".join(" ".join(said).split())) from None
     if check:
-        checked(cfg, overrides)
+        checked(cfg)
     return cfg
 
 
-def checked(cfg: DictConfig, overrides=()) -> DictConfig:
+def checked(cfg: DictConfig) -> DictConfig:
     """`cfg` after the pure checks (runner.config.validate.check_config)."""
     from runner.config import validate
 
@@ -64,7 +64,7 @@ def reported(err: BaseException, overrides=()) -> int | None:
 
         text, code = explain(err, overrides=overrides) or str(err).splitlines()[0], 2
     elif isinstance(err, (CompositionError, ConfigError)):
-        text, code = str(err), getattr(err, "exit_code", 2)
+        text, code = str(err), err.exit_code
     else:
         return None
     print(f"Error: {text.removeprefix('Error: ')}", file=sys.stderr)

@@ -37,7 +37,6 @@ def _replica_loss_model(
     shard_losses,
     strip_ids,
     accumulation_steps: int,
-    rows=None,
 ):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
@@ -46,7 +45,8 @@ def _replica_loss_model(
     Several workers: the shard losses are all-gathered in the step (the chief needs the other workers'), so each
     replica holds the same vector and distribute_reduction_method="first" hands it back whole.
 
-    `rows`: the input is batches of row indices, and rows(indices) gathers the step's (x, y) (runner.executors.resident).
+    `strip_ids(batch)` makes a training batch (x, y): record ids dropped (runner.builders.data.tfrecord), or row
+    indices gathered (runner.executors.resident).
     """
     import tensorflow as tf
     import tf_keras
@@ -119,8 +119,7 @@ def _replica_loss_model(
             return self.train_function
 
         def train_step(self, data):
-            data = strip_ids(data) if rows is None else rows(data)
-            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(strip_ids(data))
             if accumulation_steps > 1:
                 loss, shard = self.accumulate(x, y, sample_weight)
                 logs = dict(self.get_metrics_result())
@@ -296,9 +295,8 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
             initial_step,
             job.replicas,
             shard_losses,
-            job.data.strip_ids,
+            job.data.strip_ids if held is None else held.gather,
             job.train.accumulation_steps,
-            rows=None if held is None else held.gather,
         )
         own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         model.compile(
