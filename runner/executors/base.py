@@ -149,8 +149,13 @@ def replica_metrics(values: Sequence[float]) -> dict[str, float]:
     return {f"loss/replica_{i}": float(v) for i, v in enumerate(values)}
 
 
+WINDOW_RATE = "throughput/window_examples_per_sec"  # over the steps since the last logged step: a chart
+RUN_RATE = "summary/examples_per_sec"  # over the whole run after its first call: the figure runs are compared by
+
+
 class Throughput:
-    """Examples/sec after warm-up: the first tick (tracing, first batch) is timed apart as time/first_step_sec."""
+    """Examples/sec after warm-up: the first tick (tracing, first batch) is timed apart as time/first_step_sec.
+    The names say which span a figure covers (a window, or the whole run), so two figures never share a name."""
 
     def __init__(self, global_batch_size: int, replicas: int):
         self.gbs, self.replicas = global_batch_size, replicas
@@ -185,33 +190,34 @@ class Throughput:
             self._warm_step = self._window_step = step
         self._last_time, self._last_step = now, step
 
-    def _rates(self, since_time, since_step) -> dict[str, float]:
+    def _rates(self, prefix: str, since_time, since_step) -> dict[str, float]:
         steps = self._last_step - since_step
         if self._last_time is None or steps <= 0:
             return {}
         seconds = self._last_time - since_time
         eps = steps * self.gbs / seconds
         return {
-            "throughput/examples_per_sec": eps,
-            "throughput/examples_per_sec_per_replica": eps / self.replicas,
-            "throughput/step_time_ms": 1000.0 * seconds / steps,
+            f"{prefix}examples_per_sec": eps,
+            f"{prefix}examples_per_sec_per_replica": eps / self.replicas,
+            f"{prefix}step_time_ms": 1000.0 * seconds / steps,
         }
 
     def window(self) -> dict[str, float]:
-        """Rates since the last window, then start a new one."""
-        rates = self._rates(self._window_time, self._window_step)
+        """throughput/window_* since the last window, then start a new one."""
+        rates = self._rates("throughput/window_", self._window_time, self._window_step)
         if rates:
             self._window_time, self._window_step = self._last_time, self._last_step
         return rates
 
     def overall(self) -> dict[str, float]:
-        return self._rates(self._warm_time, self._warm_step)
+        """summary/* from the end of the first call to the last tick."""
+        return self._rates("summary/", self._warm_time, self._warm_step)
 
     def summary(self, train_sec: float | None = None) -> dict[str, float]:
         """Whole-run figures for comparing runs: summary/examples_per_sec ..., time/first_step_sec, and
         time/train_sec, the wall time of training: from the training call to the end of its last epoch (first step,
         tracing and checkpoints included; the input pipeline's teardown after that is not)."""
-        out = {k.replace("throughput/", "summary/"): v for k, v in self.overall().items()}
+        out = self.overall()
         if train_sec is not None:
             out["time/train_sec"] = train_sec
         if self.first_step_sec is not None:
@@ -304,7 +310,7 @@ def last_log_point(done: int, every: int) -> int:
 
 
 def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: dict[str, float]) -> str:
-    eps = rates.get("throughput/examples_per_sec")
+    eps = rates.get(WINDOW_RATE)
     speed = f" {eps:,.0f} examples/s" if eps else ""
     return f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}{speed}"
 

@@ -10,6 +10,7 @@ from runner.executors import per_call, resident
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
     Job,
+    RUN_RATE,
     Result,
     Throughput,
     accumulation_text,
@@ -418,4 +419,4 @@ def run_fit(job: Job) -> Result:
     job.reporter.log_metrics({**eval_metrics, **summary}, steps)
     loss = callbacks[0].loss  # the last epoch's mean loss; None when resumed after the last epoch
     loss = float("nan") if loss is None else loss
-    return Result(steps, loss, eval_metrics, meter.overall().get("throughput/examples_per_sec"), summary)
+    return Result(steps, loss, eval_metrics, meter.overall().get(RUN_RATE), summary)

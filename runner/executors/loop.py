@@ -12,6 +12,7 @@ import time
 from runner.control import stopping
 from runner.executors.base import (
     Job,
+    RUN_RATE,
     Result,
     Throughput,
     check_loss,
@@ -100,7 +101,7 @@ def finish(job: Job, meter: Throughput, step: int, epoch_loss: float, train_sec:
     log.info("evaluation: %s (%.1fs)", ", ".join(f"{k}={v:.4f}" for k, v in results.items()), time.perf_counter() - started)
     summary = meter.summary(train_sec)
     job.reporter.log_metrics({**results, **summary}, step)
-    return Result(step, epoch_loss, results, meter.overall().get("throughput/examples_per_sec"), summary)
+    return Result(step, epoch_loss, results, meter.overall().get(RUN_RATE), summary)
 
 
 def run(job: Job, trainer: Trainer) -> Result:

@@ -224,7 +224,11 @@ def earlier_figures(client, run_id: str) -> dict:
     and the summary/ figures if an attempt got that far. Read after its journal was delivered."""
     latest = client.get_run(run_id).data.metrics
     losses = sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, "loss"))
-    windows = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "throughput/examples_per_sec"))
+    # the window's name before it said so (a run started by an earlier version and continued by this one)
+    history = client.get_metric_history(run_id, "throughput/window_examples_per_sec") or client.get_metric_history(
+        run_id, "throughput/examples_per_sec"
+    )
+    windows = sorted((m.step, m.value) for m in history)
     return {
         "loss": [losses[-1][0], losses[-1][2]] if losses else None,
         "windows": [list(w) for w in windows],

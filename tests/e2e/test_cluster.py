@@ -74,7 +74,7 @@ def test_mwms_workers_agree_and_match_a_single_process(runs, runner, executor):
     assert run.data.tags["num_workers"] == "2"
     # the chief logs the losses of every replica in the cluster, its own and worker 1's
     assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
-    assert "throughput/examples_per_sec" in run.data.metrics
+    assert "throughput/window_examples_per_sec" in run.data.metrics
     assert len(client.get_metric_history(run.info.run_id, "loss/replica_1")) == 16  # logged once, by the chief
     last = result.output.strip().splitlines()[-1]  # said once, by the launcher, after the run ended
     assert f"outputs in {result.run_dir}; MLflow run {run.info.run_id} in experiment" in last, result.output[-800:]

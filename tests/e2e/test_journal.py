@@ -64,7 +64,7 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
     for figures in (run.data.metrics, ended):
         assert {"eval/loss", "summary/examples_per_sec"} <= set(figures), sorted(figures)
     assert ended["final_loss"] == run.data.metrics["loss"] and math.isfinite(ended["final_loss"])
-    windows = statistics.median(m.value for m in client.get_metric_history(run_id, "throughput/examples_per_sec"))
+    windows = statistics.median(m.value for m in client.get_metric_history(run_id, "throughput/window_examples_per_sec"))
     assert 0.2 < ended["summary/examples_per_sec"] / windows < 5  # the attempts' own windows, not a figure from nowhere
     steps = [m.step for m in client.get_metric_history(run_id, "loss")]
     assert sorted(steps) == list(range(5, 6001, 5)), (

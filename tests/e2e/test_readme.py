@@ -268,7 +268,7 @@ def check_training(scratch, args, result):
                 assert params[f"{k}.name"] == v, (k, params[f"{k}.name"], v)
         elif k in params and k not in {t.split("=", 1)[0] for t in TINY}:  # TINY's keys: the test's, not README's
             assert params[k] in (v, str(yaml.safe_load(v)), str(_override_value(override))), (k, params[k], v)
-    for metric in ("loss", "throughput/examples_per_sec", "time/train_sec", "eval/loss", "loss/replica_0"):
+    for metric in ("loss", "throughput/window_examples_per_sec", "time/train_sec", "eval/loss", "loss/replica_0"):
         assert metric in metrics, f"{metric} not logged; have {sorted(metrics)}"
     data = params["data.name"]
     if data != "function":  # every built-in source is an MLflow dataset of the run, train and eval
@@ -1237,7 +1237,7 @@ def test_the_dashboard_shows_the_sweep_in_chromium(request, tmp_path):
             page.get_by_text("synthetic-train (").first.wait_for(timeout=60_000)
             page.screenshot(path=str(tmp_path / "dashboard-runs.png"))
             page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}")
-            page.get_by_text("throughput/examples_per_sec", exact=True).first.wait_for(timeout=60_000)
+            page.get_by_text("throughput/window_examples_per_sec", exact=True).first.wait_for(timeout=60_000)
             # MLflow's system-metrics charts for the run, sampled in its MLflow process.
             page.goto(f"{base}/#/experiments/{exp_id}/runs/{children[0].info.run_id}/system-metrics")
             page.get_by_text("cpu_utilization_percentage", exact=True).first.wait_for(timeout=60_000)

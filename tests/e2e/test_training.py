@@ -138,14 +138,14 @@ def test_mlflow_run_holds_params_tags_and_metrics(matrix, runner):
         "loss",
         "eval/loss",
         "eval/accuracy",
-        "throughput/examples_per_sec",
-        "throughput/examples_per_sec_per_replica",
-        "throughput/step_time_ms",
+        "throughput/window_examples_per_sec",
+        "throughput/window_examples_per_sec_per_replica",
+        "throughput/window_step_time_ms",
         "time/first_step_sec",
         "summary/examples_per_sec",
     ]:
         assert key in metrics, key
-    assert metrics["throughput/examples_per_sec"] == pytest.approx(4 * metrics["throughput/examples_per_sec_per_replica"])
+    assert metrics["throughput/window_examples_per_sec"] == pytest.approx(4 * metrics["throughput/window_examples_per_sec_per_replica"])
     assert 0 < metrics["eval/accuracy"] <= 1
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "overrides.txt", "model"} <= artifacts

@@ -129,7 +129,7 @@ def test_calls_are_cut_at_epoch_ends_logged_on_cadence_and_synced_after_each_cal
     assert steps == [6, 10, 16, 20]  # every 4 steps or more, and each epoch's end
     step, values = job.reporter.logged[2]
     assert values["loss"] == pytest.approx(sum(range(11, 17)) / 6) and values["extra"] == 1.0  # the epoch's mean so far
-    assert "throughput/examples_per_sec" in values
+    assert "throughput/window_examples_per_sec" in values
     assert (result.steps, result.final_loss, result.eval) == (20, pytest.approx(15.5), {"eval/loss": 0.5})
     assert job.reporter.logged[-1][0] == 20 and "time/train_sec" in job.reporter.logged[-1][1]
 

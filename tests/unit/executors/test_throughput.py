@@ -24,16 +24,16 @@ def test_an_epochs_boundary_work_is_left_out_of_the_next_window_but_kept_in_the_
     meter = base.Throughput(global_batch_size=10, replicas=2)
     meter.start()
     steps(meter, clock, 1, 10, 0.01)  # the first tick is warm-up; then 9 steps of 10 ms
-    assert meter.window()["throughput/step_time_ms"] == pytest.approx(10.0)
+    assert meter.window()["throughput/window_step_time_ms"] == pytest.approx(10.0)
     meter.pause()  # epoch end: a checkpoint and the next epoch's iterator take 0.5 s
     clock[0] += 0.5
     meter.resume()
     steps(meter, clock, 11, 20, 0.01)
     rates = meter.window()
-    assert rates["throughput/step_time_ms"] == pytest.approx(10.0)  # not (0.5 + 0.1) / 10: no dip at epoch start
-    assert rates["throughput/examples_per_sec"] == pytest.approx(1000.0)
-    assert rates["throughput/examples_per_sec_per_replica"] == pytest.approx(500.0)
-    assert meter.overall()["throughput/step_time_ms"] == pytest.approx((0.19 + 0.5) / 19 * 1000)  # wall time of training
+    assert rates["throughput/window_step_time_ms"] == pytest.approx(10.0)  # not (0.5 + 0.1) / 10: no dip at epoch start
+    assert rates["throughput/window_examples_per_sec"] == pytest.approx(1000.0)
+    assert rates["throughput/window_examples_per_sec_per_replica"] == pytest.approx(500.0)
+    assert meter.overall()["summary/step_time_ms"] == pytest.approx((0.19 + 0.5) / 19 * 1000)  # wall time of training
 
 
 def test_a_resume_without_a_pause_or_before_the_first_step_changes_nothing(clock):
@@ -43,7 +43,7 @@ def test_a_resume_without_a_pause_or_before_the_first_step_changes_nothing(clock
     steps(meter, clock, 1, 5, 0.02)
     meter.resume()
     steps(meter, clock, 6, 9, 0.02)
-    assert meter.window()["throughput/step_time_ms"] == pytest.approx(20.0)
+    assert meter.window()["throughput/window_step_time_ms"] == pytest.approx(20.0)
 
 
 def test_the_summary_from_logged_windows_is_the_meters_own_when_windows_are_whole(clock):
@@ -55,7 +55,7 @@ def test_the_summary_from_logged_windows_is_the_meters_own_when_windows_are_whol
     windows = []
     for first, last, seconds in ((2, 6, 0.01), (7, 11, 0.03), (12, 16, 0.02)):
         steps(meter, clock, first, last, seconds)
-        windows.append([last, meter.window()["throughput/examples_per_sec"]])
+        windows.append([last, meter.window()["throughput/window_examples_per_sec"]])
     rebuilt, own = base.windows_summary(windows, 10, 2), meter.summary()
     for key in ("summary/examples_per_sec", "summary/examples_per_sec_per_replica", "summary/step_time_ms"):
         assert rebuilt[key] == pytest.approx(own[key])

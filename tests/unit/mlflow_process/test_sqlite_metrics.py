@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from runner.mlflow_process.sqlite_metrics import SqliteMetrics
 
-KEYS = ["loss", "throughput/examples_per_sec", "loss/replica_0"]
+KEYS = ["loss", "throughput/window_examples_per_sec", "loss/replica_0"]
 VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True, width=64),
     st.sampled_from([0.0, 1.0, float("nan"), float("inf"), -float("inf")]),

@@ -141,13 +141,13 @@ def test_journal_rows_are_on_disk_before_close(tmp_path):
 def test_journal_round_trip_delivers_the_rest_once_and_removes_the_file(mlflow, tmp_path):
     client, run_id = mlflow
     j = journal.Journal(str(tmp_path))
-    j.append(rows(range(1, 1501)) + rows(range(1, 1501), key="throughput/examples_per_sec"))
+    j.append(rows(range(1, 1501)) + rows(range(1, 1501), key="throughput/window_examples_per_sec"))
     j.delivered(1000)  # as if the sender had sent the first batch
     j.close(remove=False)
     sent, last_step = delivery.deliver_journal(client, run_id, str(tmp_path))
     assert (sent, last_step) == (2000, 1500)
     assert [step for step, _, _ in history(client, run_id, "loss")] == list(range(1001, 1501))
-    assert [step for step, _, _ in history(client, run_id, "throughput/examples_per_sec")] == list(range(1, 1501))
+    assert [step for step, _, _ in history(client, run_id, "throughput/window_examples_per_sec")] == list(range(1, 1501))
     assert not (tmp_path / journal.FILE).exists()
     assert delivery.deliver_journal(client, run_id, str(tmp_path)) == (0, None)  # nothing twice
 
@@ -162,3 +162,15 @@ def test_sending_a_value_twice_keeps_one_row(mlflow, tmp_path):
         j.close(remove=False)
         delivery.deliver_journal(client, run_id, str(tmp_path))
     assert [step for step, _, _ in history(client, run_id, "loss")] == [1, 2]
+
+
+@pytest.mark.parametrize("key", ["throughput/window_examples_per_sec", "throughput/examples_per_sec"])
+def test_a_continued_run_finds_the_throughput_windows_under_either_name(mlflow, key):
+    """A run an earlier version started logged its windows as throughput/examples_per_sec: continued by this one
+    with nothing left to train, its summary is still rebuilt from them (store.earlier_figures)."""
+    from runner.mlflow_process import store
+
+    client, run_id = mlflow
+    for step, rate in ((10, 100.0), (20, 200.0)):
+        client.log_metric(run_id, key, rate, step=step)
+    assert store.earlier_figures(client, run_id)["windows"] == [[10, 100.0], [20, 200.0]]
