@@ -9,8 +9,8 @@ from runner.control.stopping import StopGuard
 from runner.executors import per_call, resident
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
-    Job,
     RUN_RATE,
+    Job,
     Result,
     Throughput,
     accumulation_text,

@@ -11,8 +11,8 @@ import time
 
 from runner.control import stopping
 from runner.executors.base import (
-    Job,
     RUN_RATE,
+    Job,
     Result,
     Throughput,
     check_loss,
