@@ -103,6 +103,7 @@ ELASTIC = [
     # small model's 192 steps could end before the kill landed (auto itself runs in the other e2e runs)
     "train.steps_per_loop=1",
     "train.steps_per_execution=1",
+    "executor.verbose=2",  # every progress line, not one a second: the tests wait for a given step's line
 ]
 
 FAST = [

@@ -15,7 +15,7 @@ describe("executor", "the training loop")
 
 
 class Verbose(StrEnum):
-    auto = "auto"  # a progress bar on a terminal, log lines otherwise
+    auto = "auto"  # a progress bar on a terminal, otherwise log lines at most one a second
     quiet = "0"
     bar = "1"
     lines = "2"
@@ -24,7 +24,8 @@ class Verbose(StrEnum):
 @dataclass
 class ExecutorConfig:
     name: str = MISSING
-    # progress: auto (a bar on a terminal, else lines), 0 nothing, 1 Keras' bar, 2 a line every train.log_every_n_steps steps
+    # progress: auto (a bar on a terminal, else log lines at most one a second), 0 nothing, 1 Keras' bar, 2 a line every
+    # train.log_every_n_steps steps
     verbose: str = choice(Verbose, "auto")
 
 

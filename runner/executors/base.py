@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 import weakref
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import runner
 from runner import tf_private
-from runner.control import ahead, teardown
+from runner.control import ahead, contract, pace, teardown
 from runner.errors import TrainingError
 from runner.executors.profiling import Profile
 from runner.tracking import phases
@@ -286,10 +287,26 @@ def done_line(result: Result, summary: dict[str, float]) -> str:
 
 def progress_mode(verbose) -> str:
     """executor.verbose as bar (Keras' progress bar: a terminal, or 1), lines (one log line every
-    train.log_every_n_steps steps: not a terminal, or 2) or quiet (0)."""
+    train.log_every_n_steps steps: 2, or a task under a launcher, which reads its steps from them and paces what it
+    shows), paced (those lines at most one a second, runner.control.pace: no terminal) or quiet (0)."""
     if str(verbose) == "auto":
-        return "bar" if sys.stdout.isatty() else "lines"
+        if sys.stdout.isatty():
+            return "bar"
+        return "lines" if os.environ.get(contract.TASK_ROLE) else "paced"
     return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
+
+
+class ProgressLines:
+    """Whether a progress line is shown, in lines or paced mode (progress_mode)."""
+
+    def __init__(self, mode: str, last_step: int):
+        self.mode, self.last_step = mode, last_step
+        self.pace = pace.Pace() if mode == "paced" else None
+
+    def due(self, step: int) -> bool:
+        if self.mode == "lines":
+            return True
+        return self.pace is not None and self.pace.due(last=step >= self.last_step)
 
 
 def epochs_text(n: int) -> str:

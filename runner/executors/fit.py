@@ -11,6 +11,7 @@ from runner.executors.accumulation import accumulated
 from runner.executors.base import (
     RUN_RATE,
     Job,
+    ProgressLines,
     Result,
     Throughput,
     accumulation_text,
@@ -175,6 +176,7 @@ def _callbacks(
     keras = keras or tf_keras
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
     epochs = job.train.epochs
+    lines = ProgressLines(mode, epochs * spe)
     # Keras 3 resumed inside an epoch: its fit counts that epoch's batches from 0 (_fit_calls), tf_keras' from the step
     skipped = initial_step % spe if keras is not tf_keras else 0
 
@@ -214,7 +216,7 @@ def _callbacks(
             values.update(rates)
             values.update(job.learning_rate(step))
             job.reporter.log_metrics(values, step)
-            if mode == "lines":
+            if lines.due(step):
                 done = step - self.epoch * spe
                 log.info(progress_line(self.epoch + 1, epochs, done, spe, values.get("loss", float("nan")), rates))
 

@@ -13,6 +13,7 @@ from runner.control import stopping
 from runner.executors.base import (
     RUN_RATE,
     Job,
+    ProgressLines,
     Result,
     Throughput,
     check_loss,
@@ -64,10 +65,11 @@ class Trainer:
 
 class Progress:
     """A Keras progress bar on a terminal (mode bar); otherwise one log line every train.log_every_n_steps
-    steps (lines), or nothing (quiet)."""
+    steps (lines; paced: at most one a second), or nothing (quiet)."""
 
     def __init__(self, mode: str, steps_per_epoch: int, epochs: int):
         self.mode, self.spe, self.epochs, self.bar = mode, steps_per_epoch, epochs, None
+        self.lines = ProgressLines(mode, epochs * steps_per_epoch)
 
     def epoch(self, epoch: int) -> None:
         if self.mode == "bar":
@@ -81,7 +83,7 @@ class Progress:
             self.bar.update(done, values=[("loss", loss)])
 
     def line(self, epoch: int, done: int, loss: float, rates, suffix: str = "") -> None:
-        if self.mode == "lines":
+        if self.lines.due(epoch * self.spe + done):
             log.info(progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates) + suffix)
 
 

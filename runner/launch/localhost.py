@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from runner.config import layout
-from runner.control import contract, procs, stopping
+from runner.control import contract, pace, procs, stopping
 from runner.errors import ClusterError, ConfigError
 from runner.launch import elastic
 from runner.launch.elastic import TaskLost, TaskPreempted
@@ -87,6 +87,7 @@ class Task:
     notified: bool = False  # it said it received SIGINT/SIGTERM itself (its peers stop because it did)
     step: int | None = None  # the global step of its last progress line (the elastic launcher's record of a loss)
     last_step: int | None = None  # the job's final step, from the same line
+    paced: pace.Pace | None = None  # executor.verbose=auto: its progress lines shown at most one a second
 
     @property
     def name(self) -> str:
@@ -119,6 +120,8 @@ class Task:
         if progress:
             epoch, epochs, step, per_epoch = (int(g) for g in progress.groups())
             self.step, self.last_step = (epoch - 1) * per_epoch + step, epochs * per_epoch
+            if self.paced is not None and not self.paced.due(last=self.step >= self.last_step):
+                return
         with lock:
             sys.stdout.write(f"[{self.name}] {line}")
             sys.stdout.flush()
@@ -221,7 +224,10 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, sp
                 f"checkpoint.dir={layout.checkpoint_dir(cfg)}",
             ]
         )
-        tasks.append(task_class(job, i, argv, env, run_dir))
+        task = task_class(job, i, argv, env, run_dir)
+        if str(cfg.executor.verbose) == "auto":
+            task.paced = pace.Pace()
+        tasks.append(task)
     return tasks
 
 

@@ -210,7 +210,7 @@ def test_a_link_down_stops_mwms_with_exit_3_and_resume_continues(netns, store):
     name = "link-down"
     args = [*MWMS, *LONG, "executor=custom_loop"]
     tasks = start(netns, store, name, {"worker": 2}, args)
-    tasks.wait_for("worker:0", r"epoch 3/40", 120)  # past a checkpoint (every 32 steps)
+    tasks.wait_for("worker:0", r"epoch ([3-9]|\d\d)/40", 120)  # past a checkpoint (every 32 steps); lines are paced
     netns.link_down(tasks.ns_of["worker:1"])
     down_at = time.monotonic()
     codes = tasks.finish(timeout=90)

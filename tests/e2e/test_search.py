@@ -6,6 +6,7 @@ numbering, and Optuna's study in the sweep directory holds every trial once. Sea
 before any trial, in one paragraph."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,8 @@ def resumed(runner):
     seen = []
     for line in live.stdout:  # killed once the third trial (started when one of the first two ended) has checkpointed
         seen.append(line)
-        if line.startswith("[#2]") and "step 100/600" in line:
+        reached = re.search(r"step (\d+)/600", line)
+        if line.startswith("[#2]") and reached and int(reached.group(1)) >= 100:  # lines are paced: any at or past 100
             break
     run_id = (sweep_dir / "2" / "mlflow_run_id").read_text().strip()
     finished = {n for n in (0, 1) if (sweep_dir / ".runner" / f"job-{n}.json").exists()}  # the others: interrupted

@@ -146,7 +146,7 @@ def test_readme_sbatch_script_scancel_then_resume(slurm, store):
 
     timings = {}
     started = time.monotonic()
-    job = sbatch("train.epochs=400")
+    job = sbatch("train.epochs=400", "executor.verbose=2")  # every progress line: epoch 3's is waited for
     log = root / f"slurm-{job}.out"
     output = lambda: log.read_text(errors="replace") if log.exists() else ""  # noqa: E731
     _wait_for(lambda: re.search(r"epoch 3/400", output()), 180, f"epoch 3 in {log}: {output()[-3000:]}")

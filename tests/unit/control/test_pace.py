@@ -1,0 +1,66 @@
+"""Progress lines without a terminal are paced (runner.control.pace): by the run itself, and by a launcher for its
+tasks, which print every line for it to read their steps from."""
+
+import threading
+
+import pytest
+
+from runner.config import schema
+from runner.control import contract, pace
+from runner.executors import base
+from runner.launch import localhost
+
+import helpers
+
+schema.register()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_line_a_second_the_first_and_the_last_always():
+    clock = Clock()
+    p = pace.Pace(1.0, clock)
+    shown = []
+    for step in range(1, 1001):  # 1,000 lines in 5 s
+        clock.now = step * 0.005
+        if p.due(last=step == 1000):
+            shown.append(step)
+    assert shown[0] == 1 and shown[-1] == 1000
+    assert len(shown) == 6  # about steps 1, 201, 401, 601, 801 and the last
+    gaps = [b - a for a, b in zip(shown, shown[1:-1])]
+    assert all(200 <= g <= 201 for g in gaps), shown  # a second apart (floating-point clock)
+
+
+def test_no_terminal_paces_a_launched_task_prints_every_line_and_2_always(monkeypatch):
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
+    monkeypatch.delenv(contract.TASK_ROLE, raising=False)
+    assert base.progress_mode("auto") == "paced"
+    assert base.progress_mode("2") == "lines"
+    monkeypatch.setenv(contract.TASK_ROLE, "trainer")
+    assert base.progress_mode("auto") == "lines"  # the launcher reads them and paces what it shows
+    lines = base.ProgressLines("lines", 100)
+    assert all(lines.due(s) for s in range(1, 101))
+    paced = base.ProgressLines("paced", 100)
+    assert [s for s in range(1, 101) if paced.due(s)] == [1, 100]  # a fast run: the first and the last
+
+
+@pytest.mark.parametrize("verbose,shown", [("auto", ["1/8", "8/8"]), ("2", [f"{s}/8" for s in range(1, 9)])])
+def test_the_launcher_paces_what_it_shows_and_still_reads_every_step(tmp_path, capsys, verbose, shown):
+    cfg = helpers.composed(
+        f"output_dir={tmp_path}", "strategy=multi_worker_mirrored", "cluster=localhost", f"executor.verbose={verbose}"
+    )
+    task = localhost.build_tasks(cfg, [], "run", "sqlite:///x.db")[0]
+    lock = threading.Lock()
+    task.heard("[00:00:00][INFO] starting\n", lock)
+    for step in range(1, 9):
+        task.heard(f"[00:00:00][INFO] epoch 2/2 step {step}/8 loss 0.5\n", lock)
+        assert task.step == 8 + step  # every line read, shown or not
+    out = capsys.readouterr().out
+    assert "starting" in out  # other lines are never paced
+    assert [line.split(" step ")[1].split()[0] for line in out.splitlines() if " step " in line] == shown
