@@ -114,13 +114,19 @@ def _suggest_close_names() -> None:
                     key, _, value = override.input_line.partition("=")
                     problem = value_problem(key, value, str(err.__cause__).splitlines()[0])
                 if problem is None:
-                    from runner.config.redact import redact
+                    from runner.config.suggest import prefix_problem
 
                     said = f"{err}\n{err.__cause__}" if err.__cause__ is not None else str(err)  # as Hydra prints it
-                    if redact(said) == said:
-                        raise
-                    # a password given in the wrong key (train.epochs=https://user:secret@host): Hydra quotes it
-                    raise ConfigCompositionException(redact(said)) from _cause(err)
+                    said = "; ".join(line.strip() for line in said.splitlines() if line.strip())
+                    try:
+                        problem = prefix_problem(override, cfg, said)
+                    except Exception:  # the message is a courtesy: never hide Hydra's error behind another one
+                        from runner.config.redact import redact
+
+                        if redact(said) == said:
+                            raise err from None
+                        # a password given in the wrong key (train.epochs=https://user:secret@host): Hydra quotes it
+                        raise ConfigCompositionException(redact(said)) from _cause(err)
                 raise ConfigCompositionException(f"Error: {redact_text(problem)}") from _cause(err)
 
     def load_configuration(self, *args, **kwargs):

@@ -100,6 +100,31 @@ def override_problem(key: str, value: str, cfg: DictConfig, hydra_says: str) -> 
     return None
 
 
+def prefix_problem(override, cfg: DictConfig, hydra_says: str) -> str:
+    """Hydra refused an override for its prefix or its shape, not its key's name: `+key=v` of a key already there,
+    `~key` of a key the runner needs or one that is not there, anything else it could not apply."""
+    key, line = override.key_or_group, override.input_line or override.key_or_group
+    value = line.partition("=")[2]
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False) if parent else cfg
+    known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []  # keys(): nothing is resolved
+    there = name in known
+    if override.is_add() and there:
+        text = (
+            f"{line}: {key} is already in the config. Set it with {key}={value}: + adds a key that is not there "
+            f"(++{key}={value} adds or sets)."
+        )
+    elif override.is_delete() and there:
+        text = f"{line} removes {key}, which a run needs. Give it another value instead ({key}=...)."
+    elif override.is_delete():
+        close = close_names(name, known)
+        hint = f": did you mean {' or '.join('~' + (f'{parent}.{c}' if parent else c) for c in close)}?" if close else "."
+        text = f"{line} removes nothing: {key} is not in the config{hint}"
+    else:
+        text = f"{line} cannot be applied to the config."
+    return f"{text} Nothing ran (Hydra: {hydra_says}); {COMPOSED}."
+
+
 def option_problem(group: str, name: str, options, hydra_says: str, searched=()) -> str:
     """`group=name` names no config file of the group: the closest options, and every option."""
     close = close_names(name, options)

@@ -141,7 +141,9 @@ def test_summary_json_is_strict_json_when_a_figure_is_not_finite(tmp_path):
         ("data=nosuch", 1, "data=nosuch is not an option of data"),
         ("train.epochs=abc", 1, "train.epochs=abc has the wrong type for train.epochs"),
         ("trian.epochs=3", 1, "did you mean train.epochs=3?"),
-        ("+train.epochs=2", 1, "An item is already at 'train.epochs'"),
+        ("+train.epochs=2", 1, "train.epochs is already in the config. Set it with train.epochs=2"),
+        ("~output_dir", 1, "~output_dir removes output_dir, which a run needs"),  # was Hydra's 4 lines
+        ("~train.epoch", 1, "~train.epoch removes nothing: train.epoch is not in the config: did you mean ~train.epochs?"),
         ("train.epochs=${nope}", 2, "train.epochs: the interpolation refers to nope"),
         ("train.epochs=${train.epochs}", 2, "an interpolation cycle"),
         ("data.num_features=${oc.env:RUNNER_TEST_UNSET}", 2, "RUNNER_TEST_UNSET, which is not set"),
