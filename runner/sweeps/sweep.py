@@ -299,10 +299,26 @@ def kill_parent_run(signum: int) -> None:
         from mlflow import MlflowClient
 
         client = MlflowClient(uri)
+        end_stranded_jobs(client, parent_id, signum)
         client.set_tag(parent_id, "stopped_by", signal.Signals(signum).name)
         client.set_terminated(parent_id, "KILLED")
     except Exception as err:  # the message is what matters; the next run marks a stale one FAILED
         log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
+
+
+def end_stranded_jobs(client, parent_id: str, signum: int) -> list[str]:
+    """The sweep's child runs still RUNNING once every job's process has ended, KILLED by `signum`: each job ends its
+    own run, but one whose signal landed as its run was being created, before it could, left it RUNNING with no owner.
+    Their ids."""
+    experiment = client.get_run(parent_id).info.experiment_id
+    left = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'"
+    )
+    for run in left:
+        client.set_tag(run.info.run_id, "stopped_by", signal.Signals(signum).name)
+        client.set_terminated(run.info.run_id, "KILLED")
+        log.info("job run %s was left RUNNING by its stopped job: ended KILLED", run.info.run_id)
+    return [run.info.run_id for run in left]
 
 
 def _stop_jobs(signum: int) -> None:

@@ -277,3 +277,21 @@ def test_the_loss_curves_do_not_restart_at_epoch_boundaries():
         logged.append((step, sum(losses[start:step]) / (step - start)))
     assert interval_means(logged, 4) == [(2, 3.0), (4, 2.0), (6, 1.0), (8, 0.5)]
     assert interval_means(logged, None) == logged  # no steps_per_epoch known: as logged
+
+
+def test_a_stopped_sweep_ends_the_runs_its_stopped_jobs_left_running_killed(sweep):
+    """Ctrl-C landing as a job's run was being created: the job ended without ending it. Once every job's process has
+    ended, the sweep ends such runs KILLED (sweep.end_stranded_jobs); runs that ended keep their status."""
+    import signal
+
+    from runner.sweeps.sweep import end_stranded_jobs
+
+    client, parent_id, _, job = sweep
+    done, killed = job(0, "default", "fit"), job(1, "default", "fit", status="KILLED")
+    experiment = client.get_run(parent_id).info.experiment_id
+    left = client.create_run(experiment, run_name="job-2", tags={"mlflow.parentRunId": parent_id}).info.run_id
+    other = client.create_run(experiment, run_name="not-a-job").info.run_id  # another run going on in the experiment
+    assert end_stranded_jobs(client, parent_id, signal.SIGINT) == [left]
+    statuses = {r: client.get_run(r).info.status for r in (done, killed, left, other)}
+    assert statuses == {done: "FINISHED", killed: "KILLED", left: "KILLED", other: "RUNNING"}
+    assert client.get_run(left).data.tags["stopped_by"] == "SIGINT"
