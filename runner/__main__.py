@@ -15,6 +15,9 @@ def _while_starting(signum, frame):
 signal.signal(signal.SIGINT, _while_starting)
 
 from runner import env  # noqa: E402
+
+env.utf8_paths()
+
 from runner.control import contract, teardown  # noqa: E402
 
 atexit.register(teardown.after_atexit)  # first registered, so run last: see runner.control.teardown

@@ -10,6 +10,21 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 MIN_ARENAS = 128  # above the threads of the runner's largest training process on a small machine
 
 
+def utf8_paths() -> None:
+    """Under a locale whose encoding is not UTF-8 (LANG=en_US.ISO-8859-1), start this process again in Python's UTF-8
+    mode (PEP 540), before anything else is imported. TensorFlow reads and writes paths as UTF-8 whatever the locale,
+    while Python names files in the locale's encoding: a path beyond ASCII meant two names for one file there
+    (TensorFlow's checkpoints in one directory, the runner's files in another; images listed by Python that
+    TensorFlow could not find). The processes this one starts inherit the mode. PYTHONUTF8 set by you is kept."""
+    if sys.flags.utf8_mode or "PYTHONUTF8" in os.environ or sys.getfilesystemencoding().lower() in ("utf-8", "utf8"):
+        return
+    os.environ["PYTHONUTF8"] = "1"
+    try:  # the arguments go back as the bytes they came as; under UTF-8 mode they read as the user typed them
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except OSError:  # the interpreter cannot be started again here: go on as before
+        del os.environ["PYTHONUTF8"]
+
+
 def prepare() -> None:
     spread_malloc_arenas()
     pin_cpus()

@@ -217,6 +217,14 @@ def _quoted(key: str, value: str, sweep: bool) -> str | None:
     return written if read == parts else None
 
 
+def override(key: str, value: str) -> str:
+    """`key=value` for a child process's command line, read back by Hydra as exactly `value`: plain where the
+    grammar takes it as text as it is (a path: `/` keeps Hydra from reading a number, a boolean or null), else in
+    quotes (a space, a comma or characters beyond ASCII)."""
+    plain = "/" in value and re.fullmatch(r"[A-Za-z0-9_./:+-]+", value)
+    return f"{key}={value}" if plain else f"{key}={_escaped(value)}"
+
+
 def _escaped(part: str) -> str:
     """`part` in single quotes with Hydra's escapes: a quote inside as \\', the backslashes before a quote or at the
     end doubled (https://hydra.cc/docs/advanced/override_grammar/basic/#escaped-characters-in-quoted-values)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from runner.config import layout
+from runner.config.command_line import override
 from runner.control import contract, pace, procs, stopping
 from runner.errors import ClusterError, ConfigError
 from runner.launch import elastic
@@ -220,8 +221,8 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, sp
                 *_task_overrides(overrides, cfg.strategy.name),
                 "cluster=tf_config",
                 f"cluster.start_timeout_sec={cfg.cluster.start_timeout_sec}",
-                f"hydra.run.dir={run_dir}",
-                f"checkpoint.dir={layout.checkpoint_dir(cfg)}",
+                override("hydra.run.dir", run_dir),  # quoted where the path needs it (a space, beyond ASCII)
+                override("checkpoint.dir", layout.checkpoint_dir(cfg)),
             ]
         )
         task = task_class(job, i, argv, env, run_dir)

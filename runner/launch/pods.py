@@ -28,6 +28,7 @@ import time
 import uuid
 
 from runner.config import layout, validate
+from runner.config.command_line import override
 from runner.control import contract, stopping
 from runner.errors import ClusterError, ConfigError
 from runner.launch import elastic, localhost, rendezvous
@@ -260,7 +261,7 @@ class _Trainer(localhost.Task):
         run_dir = layout.task_dir(cfg.output_dir, job, index)
         args = [a for a in order["args"] if not a.startswith("hydra.run.dir=")]
         env = dict(os.environ, **{k: str(v) for k, v in order["env"].items()})
-        super().__init__(job, index, contract.runner_command([*args, f"hydra.run.dir={run_dir}"]), env, run_dir)
+        super().__init__(job, index, contract.runner_command([*args, override("hydra.run.dir", run_dir)]), env, run_dir)
         self.generation, self.send = order["generation"], send
         self.start(localhost.OUTPUT)
         send({"started": self.proc.pid, "run_dir": run_dir, "generation": self.generation})

@@ -18,6 +18,7 @@ import os
 from omegaconf import OmegaConf
 
 from runner.config import layout, validate
+from runner.config.command_line import override
 from runner.control import contract
 from runner.errors import ConfigError
 from runner.sweeps import failures, parallel, pruning, search_plots, search_space
@@ -121,7 +122,7 @@ def _again(trial, space: search_space.Space, sweep_dir: str, subdir: str) -> lis
     overrides = space.overrides(trial.params)
     job_dir = _job_dir(sweep_dir, subdir, trial.number)
     if os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE)):  # it had started its run: continue that
-        overrides.append(f"resume={job_dir}")
+        overrides.append(override("resume", job_dir))
     return overrides
 
 

@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import layout
+from runner.config.command_line import override as as_override
 from runner.config.redact import error_line, redact, redact_uri
 from runner.control import claims, contract
 from runner.errors import ConfigError
@@ -192,7 +193,7 @@ def _job(cfg, hc, overrides, env, label, secondary, problem, share):
             own_group = cfg.cluster.name != "slurm"
             # hydra.mode=RUN: a job is never a sweep itself, even when a preset it names sets hydra.mode=MULTIRUN
             # (without it, `-m experiment=strategy_sweep` starts itself again in every job, without end).
-            argv = [*overrides, f"hydra.run.dir={job_dir}", "hydra.mode=RUN"]
+            argv = [*overrides, as_override("hydra.run.dir", job_dir), "hydra.mode=RUN"]
             more = not total.isdigit() or num + 1 < int(total)
             code, tail = _run_child(argv, env, label, own_group, spare_after=more)
             for attempt in range(1, cfg.sweep.retries + 1):
@@ -201,7 +202,7 @@ def _job(cfg, hc, overrides, env, label, secondary, problem, share):
                 resumable = os.path.exists(os.path.join(job_dir, layout.RUN_ID_FILE))
                 log.warning("job %s ended by a fault (exit code %d): attempt %d of sweep.retries=%d, %s", label, code,
                             attempt, cfg.sweep.retries, "from its checkpoint" if resumable else "from the start")  # fmt: skip
-                again = [*argv, f"resume={job_dir}"] if resumable else argv
+                again = [*argv, as_override("resume", job_dir)] if resumable else argv
                 code, tail = _run_child(again, {**env, contract.RETRY: str(attempt)}, label, own_group)
         except SweepStopped as stop:
             _stopped(stop.signum, [label])

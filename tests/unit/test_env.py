@@ -71,3 +71,30 @@ def test_a_limit_the_user_set_is_kept(tmp_path, environ):
 def test_nothing_is_done_where_malloc_is_not_glibcs(monkeypatch):
     monkeypatch.setattr(os, "confstr", lambda name: "")  # musl answers no glibc version
     assert env.spread_malloc_arenas() is False
+
+
+@pytest.fixture(scope="module")
+def latin1_locale(tmp_path_factory):
+    """An ISO-8859-1 locale made here (localedef into a directory of the test's own: LOCPATH), as a machine set up
+    with LANG=en_US.ISO-8859-1 has; skipped where glibc's locale sources are not installed."""
+    where = tmp_path_factory.mktemp("locales")
+    made = subprocess.run(["localedef", "-i", "en_US", "-f", "ISO-8859-1", str(where / "en_US.ISO-8859-1")], capture_output=True)
+    if made.returncode not in (0, 1) or not (where / "en_US.ISO-8859-1").exists():  # 1: made, with warnings
+        pytest.skip(f"no ISO-8859-1 locale can be made here (localedef: {made.stderr.decode(errors='replace')[:200]})")
+    return {**os.environ, "LOCPATH": str(where), "LC_ALL": "en_US.ISO-8859-1"}
+
+
+def test_under_a_latin1_locale_the_runner_starts_again_in_utf8_mode_with_the_arguments_as_typed(latin1_locale):
+    """TensorFlow reads and writes paths as UTF-8: Python must name files the same way (runner.env.utf8_paths), or a
+    directory beyond ASCII is two directories (checkpoints in one, the run's files in the other)."""
+    probe = (
+        "import sys; from runner import env; env.utf8_paths(); "
+        "print(sys.flags.utf8_mode, sys.getfilesystemencoding(), ascii(sys.argv[1]))"
+    )
+    env_ = {k: v for k, v in latin1_locale.items() if k != "PYTHONUTF8"}
+    before = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sys.getfilesystemencoding())"], env=env_, capture_output=True, text=True
+    )
+    assert before.stdout.strip() == "iso8859-1", before  # the locale took: Python names files in Latin-1 under it
+    done = subprocess.run([sys.executable, "-c", probe, "rés"], env=env_, capture_output=True, text=True, encoding="utf-8")
+    assert done.stdout.split() == ["1", "utf-8", "'r\\xe9s'"], done  # in UTF-8 mode, the argument as the user typed it

@@ -155,3 +155,12 @@ def test_config_only_commands_are_seen_in_every_form_hydra_takes():
 def test_a_character_that_does_not_show_is_marked_where_it_is():
     problem = command_line.unreadable_override_problem(["train.epochs\u200b=3"])
     assert problem.startswith("train.epochs<U+200B>=3 (<U+...> marks a character that does not show)"), problem
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40).filter(lambda t: "${" not in t))
+def test_a_value_the_runner_passes_to_a_child_reads_back_as_itself(value):
+    """hydra.run.dir, checkpoint.dir and resume= for a launcher's task or a sweep's job (command_line.override): a
+    directory with a space, a comma, quotes or characters beyond ASCII was refused by the task's Hydra."""
+    written = command_line.override("hydra.run.dir", value)
+    assert _reads(written) == value, written
