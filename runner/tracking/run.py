@@ -281,6 +281,9 @@ def mlflow_run(cfg: DictConfig, overrides=(), tags: dict | None = None, trains: 
         try:
             # The monitor's last point and the run's own last values are sent side by side; both are in before return.
             stopping = _submit_stop_system_metrics(pipe, runlog.run_id) if monitored else None
+            if stopping is not None and status == DELETED:  # its last point before the run goes, not into a deleted run
+                _wait_system_metrics(stopping)
+                stopping = None
             runlog.close(status)
             if stopping is not None:
                 _wait_system_metrics(stopping)
