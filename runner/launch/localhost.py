@@ -35,6 +35,11 @@ POLL_SEC = 0.2
 BLAME_SEC = 2.0  # a job that lost a trainer: how long the launcher looks for the one killed before naming a peer
 OUTPUT = threading.Lock()  # one task's line at a time on this process's output (cluster=tf_config: other pods' too)
 PROGRESS = re.compile(r"\] epoch (\d+)/(\d+) step (\d+)/(\d+) loss ")  # runner.executors.base.progress_line
+# TensorFlow's own C++ error lines (absl's format: E0000 00:00:1796646282.148139   27056 ring_alg.cc:291] ...), and the
+# lines of the same message after them; the runner's own lines, its paragraphs and Python's tracebacks start otherwise
+CPP_ERROR = re.compile(r"^E\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
+OWN_LINE = re.compile(r"^(\[\d\d:\d\d:\d\d\]|Error: |Stopped: |Interrupted|Traceback|Warning: )")
+CPP_LOG = "tensorflow.log"
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -89,6 +94,8 @@ class Task:
     step: int | None = None  # the global step of its last progress line (the elastic launcher's record of a loss)
     last_step: int | None = None  # the job's final step, from the same line
     paced: pace.Pace | None = None  # executor.verbose=auto: its progress lines shown at most one a second
+    cpp_lines: int = 0  # TensorFlow's C++ error lines written to its tensorflow.log instead of the terminal
+    in_cpp: bool = False  # the last line was one of them (or went on one)
 
     @property
     def name(self) -> str:
@@ -115,6 +122,8 @@ class Task:
 
     def heard(self, line: str, lock: threading.Lock) -> None:
         """One line of its output: what it says about itself noted (a stop notice, its step), then printed."""
+        if self._cpp_error(line, lock):
+            return
         if stopping.NOTICE in line:
             self.notified = True
         progress = PROGRESS.search(line)
@@ -126,6 +135,28 @@ class Task:
         with lock:
             sys.stdout.write(f"[{self.name}] {line}")
             sys.stdout.flush()
+
+    def _cpp_error(self, line: str, lock: threading.Lock) -> bool:
+        """TensorFlow's C++ error lines (20 or so from each survivor when a peer is killed: gRPC's UNAVAILABLE,
+        "Restart your program to reset") go to <task dir>/tensorflow.log, said once; the task's own paragraph says
+        what happened. Whether `line` was one."""
+        self.in_cpp = bool(CPP_ERROR.match(line)) or (self.in_cpp and not OWN_LINE.match(line))
+        if not self.in_cpp:
+            return False
+        path = os.path.join(self.run_dir, CPP_LOG)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(line)
+        except OSError:  # nowhere to keep it: shown, as before
+            self.in_cpp = False
+            return False
+        self.cpp_lines += 1
+        if self.cpp_lines == 1:
+            with lock:
+                sys.stdout.write(f"[{self.name}] TensorFlow's own error lines go to {path}\n")
+                sys.stdout.flush()
+        return True
 
     def frozen(self) -> bool:
         """Whether it is stopped (SIGSTOP, a debugger) rather than running."""

@@ -1,5 +1,6 @@
-"""Progress lines without a terminal are paced (runner.control.pace): by the run itself, and by a launcher for its
-tasks, which print every line for it to read their steps from."""
+"""What reaches the terminal of a run's output: progress lines without a terminal are paced (runner.control.pace), by
+the run itself and by a launcher for its tasks, which print every line for it to read their steps from; TensorFlow's
+own C++ error lines from a launcher's tasks go to a file of the task's."""
 
 import threading
 
@@ -64,3 +65,31 @@ def test_the_launcher_paces_what_it_shows_and_still_reads_every_step(tmp_path, c
     out = capsys.readouterr().out
     assert "starting" in out  # other lines are never paced
     assert [line.split(" step ")[1].split()[0] for line in out.splitlines() if " step " in line] == shown
+
+
+def test_tensorflows_own_error_lines_go_to_the_tasks_file_and_its_own_lines_still_show(tmp_path, capsys):
+    """What a survivor printed when a peer was killed (an elastic job's 20 lines of gRPC errors): kept in
+    <task dir>/tensorflow.log, named once; the task's own paragraph and log lines come through."""
+    cfg = helpers.composed(f"output_dir={tmp_path}", "strategy=multi_worker_mirrored", "cluster=localhost")
+    task = localhost.build_tasks(cfg, [], "run", "sqlite:///x.db")[0]
+    said = [
+        "[12:24:34][INFO] training with Model.fit: 30 epochs\n",
+        "E0000 00:00:1796646282.148139   27056 ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: recvmsg\n",
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling RecvBuf:\n",
+        ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}\n',
+        "The error could be from a previous operation. Restart your program to reset.\n",
+        "E0000 00:00:1796646282.148190   27056 base_collective_executor.cc:252] StartAbort UNAVAILABLE\n",
+        "Error: task worker:0 lost contact with worker:1 (127.0.0.1:52399); stopping for the elastic launcher\n",
+        "Traceback (most recent call last):\n",
+    ]
+    for line in said:
+        task.heard(line, threading.Lock())
+    out = capsys.readouterr().out.splitlines()
+    kept = (tmp_path / "worker-0" / "tensorflow.log").read_text()
+    assert kept == "".join(said[1:6])
+    assert out == [
+        "[worker:0] [12:24:34][INFO] training with Model.fit: 30 epochs",
+        f"[worker:0] TensorFlow's own error lines go to {tmp_path / 'worker-0' / 'tensorflow.log'}",
+        "[worker:0] Error: task worker:0 lost contact with worker:1 (127.0.0.1:52399); stopping for the elastic launcher",
+        "[worker:0] Traceback (most recent call last):",
+    ]
