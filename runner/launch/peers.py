@@ -36,6 +36,22 @@ def _tasks_named(text: str) -> list[str]:
     return found
 
 
+_REMOTE = re.compile(r"from remote target (/job:\w+/(?:replica:\d+/)?task:\d+)")
+
+
+def _relayers(text: str) -> set[str]:
+    """Tasks whose answer was an abort they had from another task (`from remote target <task> ...
+    grpc_message:"Collective ops is aborted by: ...`): alive, only passing the loss on. A task that also answered
+    with its own error is not one."""
+    parts = _REMOTE.split(text)  # [before, task, what followed, task, what followed, ...]
+    relayed, own = set(), set()
+    for task, after in zip(parts[1::2], parts[2::2]):
+        name = "{}:{}".format(*_TASK.match(task).groups())
+        said = after.split("grpc_message:", 1)[1] if "grpc_message:" in after else after
+        (relayed if said.lstrip('"\\ ').startswith("Collective ops is aborted") else own).add(name)
+    return relayed - own
+
+
 def _address_of(task: str, jobs: dict) -> str:
     job, _, index = task.partition(":")
     addresses = jobs.get(job) or []
@@ -63,7 +79,7 @@ def lost_peer(err: BaseException, me: str, jobs: dict, output_dir=None, checkpoi
         by_address = {a: f"{j}:{i}" for j, addresses in jobs.items() for i, a in enumerate(addresses)}
         named = [by_address[f"{h}:{p}"] for h, p in _ADDRESS.findall(text) if f"{h}:{p}" in by_address]
         # the address TensorFlow could not reach names the lost task; the tasks a ring's message lists are all its members
-        lost = [t for t in dict.fromkeys(named) if t != me] or others
+        lost = [t for t in dict.fromkeys(named) if t != me] or [t for t in others if t not in _relayers(text)] or others
         how = "could not be reached by a collective operation"
     elif type(err).__name__ == "DeadlineExceededError":
         lost, how = others, "did not take part in a collective operation within strategy.collective_timeout_sec"

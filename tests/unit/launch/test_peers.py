@@ -76,3 +76,25 @@ def test_tensorflows_watcher_threads_end_on_a_lost_peer_in_one_line(caplog, monk
         thread.join()
     assert printed == ["mine"]  # another thread's error is still printed as Python prints it
     assert "TensorFlow's PeerTerminationWatcher-1 thread ended (UnavailableError: Socket closed): a peer is gone" in caplog.text
+
+
+def test_a_peer_that_only_passed_the_abort_on_is_not_blamed():
+    """worker:1 killed: worker:0's error names worker:1 (connection reset) and worker:2, whose answer was the abort it
+    had from worker:1. worker:2 is alive: only worker:1 is lost (an elastic job said both)."""
+    jobs = {"worker": ["127.0.0.1:1000", "127.0.0.1:1001", "127.0.0.1:1002"]}
+    err = tf_error(
+        "UnavailableError",
+        "Collective ops is aborted by: recvmsg:Connection reset by peer\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+        "/tensorflow.WorkerService/RecvBuf:\n"
+        ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}\n'
+        "The error could be from a previous operation. Restart your program to reset.\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling "
+        "/tensorflow.WorkerService/RecvBuf:\n"
+        ':UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: recvmsg:Connection reset by '
+        "peer\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+        '/tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"recvmsg:'
+        'Connection reset by peer\\"}", grpc_status:14}',
+    )
+    text = str(peers.lost_peer(err, "worker:0", jobs))
+    assert "lost contact with worker:1 (127.0.0.1:1001): " in text and "worker:2" not in text, text
