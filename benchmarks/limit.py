@@ -2,6 +2,7 @@
 
     python -m benchmarks.limit                                  # both models, fit and custom_loop, 3 rounds
     python -m benchmarks.limit --strategy mirrored --logical-cpus 2
+    python -m benchmarks.limit --strategy multi_worker_mirrored --workers 2   # cluster=localhost, 2 processes
     python -m benchmarks.limit --quick                          # one round, short runs: checks that it runs
     git worktree add /tmp/before COMMIT && python -m benchmarks.limit --against /tmp/before   # before / after
     python -m benchmarks.limit --variant jit=train.jit_compile=true   # one more side: the runner with XLA
@@ -39,9 +40,11 @@ MODELS = {
 EXECUTORS = ("fit", "custom_loop")
 
 
-def runner_argv(m, executor, strategy, cpus, steps):
+def runner_argv(m, executor, strategy, cpus, steps, workers=2):
+    cluster = ["cluster=localhost", f"cluster.workers={workers}", "cross_device_ops=ring"]
     return [
-        sys.executable, "-m", "runner", f"executor={executor}", f"strategy={strategy}", f"devices.logical_cpus={cpus}",
+        sys.executable, "-m", "runner", f"executor={executor}", f"strategy={strategy}",
+        *(cluster if strategy == "multi_worker_mirrored" else [f"devices.logical_cpus={cpus}"]),
         f"model.hidden_units=[{','.join(map(str, m['hidden']))}]", f"data.num_features={m['features']}",
         f"data.num_classes={m['classes']}", f"train.global_batch_size={m['batch']}", "train.epochs=1",
         f"train.steps_per_epoch={steps}", "data.eval_examples=256",
@@ -74,8 +77,9 @@ def run(argv, cwd, pythonpath=None):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.limit")
-    p.add_argument("--strategy", default="default", choices=["default", "mirrored"])
+    p.add_argument("--strategy", default="default", choices=["default", "mirrored", "multi_worker_mirrored"])
     p.add_argument("--logical-cpus", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2, help="multi_worker_mirrored: processes on 127.0.0.1")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one round, a tenth of the steps")
     p.add_argument("--against", help="another checkout: its runner, side by side in the same rounds")
@@ -92,7 +96,7 @@ def main(argv=None):
     if any(not name or not overrides for name, _, overrides in (v.partition("=") for v in a.variant)):
         p.error(f"--variant takes NAME=OVERRIDE[,OVERRIDE], e.g. jit=train.jit_compile=true; got {a.variant}")
     rounds = 1 if a.quick else a.rounds
-    cpus = a.logical_cpus if a.strategy != "default" else 1
+    cpus = a.logical_cpus if a.strategy == "mirrored" else 1
     models = {k: v for k, v in MODELS.items() if a.models == "all" or k.startswith(a.models)}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     versions = {"runner": (None, [])}  # name: (checkout on PYTHONPATH, overrides)
@@ -106,12 +110,12 @@ def main(argv=None):
     for name, m in models.items():
         steps = max(20, m["steps"] // 10) if a.quick else max(20, int(m["steps"] * a.scale))
         for executor, (version, (path, overrides)) in itertools.product(EXECUTORS, versions.items()):
-            argv_ = [*runner_argv(m, executor, a.strategy, cpus, steps), *overrides]
+            argv_ = [*runner_argv(m, executor, a.strategy, cpus, steps, a.workers), *overrides]
             argv_.append(f"mlflow.tracking_uri=sqlite:///{work}/{version}.db")
             sides.append(((name, executor, version), argv_, path, m["batch"], steps))
         tight = [sys.executable, "-m", "benchmarks.tight_loop", f"--hidden={','.join(map(str, m['hidden']))}"]
         tight += [f"--features={m['features']}", f"--classes={m['classes']}", f"--batch={m['batch']}", f"--steps={steps}"]
-        tight += ["--steps-per-call=10", f"--strategy={a.strategy}", f"--logical-cpus={cpus}"]
+        tight += ["--steps-per-call=10", f"--strategy={a.strategy}", f"--logical-cpus={cpus}", f"--workers={a.workers}"]
         sides.append(((name, "tight", None), tight, None, m["batch"], steps))
     results = {key: [] for key, *_ in sides}
     walls = {key: [] for key, *_ in sides}
@@ -129,7 +133,9 @@ def main(argv=None):
                 out, err, wall = run([*argv_, f"hydra.run.dir={work}/runs/{next(count)}"], cwd, path)
                 results[key].append(steady_rate(out + err, batch, steps))
                 walls[key].append(wall)
-    print(f"\nstrategy {a.strategy}, {cpus} replica(s), {rounds} round(s), medians, examples/s after the first call (warm-up)\n")
+    replicas = a.workers if a.strategy == "multi_worker_mirrored" else cpus
+    print(f"\nstrategy {a.strategy}, {replicas} replica(s), {rounds} round(s), medians, examples/s after the first call "
+          "(warm-up)\n")  # fmt: skip
     print("| model | executor | version | runner | tight loop (plain / XLA) | ratio | per round | ladder: dataset, per_step |")
     print("|---|---|---|---|---|---|---|---|")
     for name in models:

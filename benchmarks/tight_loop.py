@@ -15,13 +15,18 @@ can be read off as input, calls and the rest:
   that checks every step's loss does).
 
 Under --strategy mirrored (--logical-cpus N) each rung runs through strategy.run over the replicas, with the
-dataset distributed by the strategy. Prints one JSON line: {rung: examples/sec}, steady state (the first call,
+dataset distributed by the strategy; under --strategy multi_worker_mirrored (--workers N) the same in N processes
+on 127.0.0.1 (TF_CONFIG made here, ring all-reduce, each worker reading its share of the global batch), worker 0's
+figures printed. Prints one JSON line: {rung: examples/sec}, steady state (the first call,
 tracing, excluded; the best of --repeats timings).
 """
 
 import argparse
 import json
 import os
+import socket
+import subprocess
+import sys
 import time
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -50,8 +55,13 @@ def measure(hidden, features, classes, batch, steps, steps_per_call, strategy_na
     from benchmarks.handwritten import make_strategy, setup_devices
     from runner.models import mlp
 
-    setup_devices(logical_cpus if strategy_name != "default" else 1)
-    strategy = make_strategy(strategy_name, logical_cpus)
+    setup_devices(logical_cpus if strategy_name == "mirrored" else 1)
+    if strategy_name == "multi_worker_mirrored":  # TF_CONFIG from the parent process (main)
+        ring = tf.distribute.experimental.CommunicationImplementation.RING
+        options = tf.distribute.experimental.CommunicationOptions(implementation=ring)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    else:
+        strategy = make_strategy(strategy_name, logical_cpus)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((max(4096, batch), features)).astype(np.float32)
     y = rng.integers(0, classes, len(x)).astype(np.int32)
@@ -77,6 +87,9 @@ def measure(hidden, features, classes, batch, steps, steps_per_call, strategy_na
     xt, yt = tf.constant(x), tf.constant(y)  # the runner's in-memory pipeline: batches of rows, gathered
     dataset = tf.data.Dataset.range(len(x)).repeat().batch(batch, drop_remainder=True)
     dataset = dataset.map(lambda rows: (tf.gather(xt, rows), tf.gather(yt, rows)))
+    shard = tf.data.Options()  # each worker its share of every global batch, as the runner's in-memory data
+    shard.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(shard)
     dataset = strategy.experimental_distribute_dataset(dataset.prefetch(tf.data.AUTOTUNE))
     fixed = next(iter(dataset))  # one batch, already where the replicas read it
     calls = max(1, steps // steps_per_call)
@@ -120,6 +133,32 @@ def measure(hidden, features, classes, batch, steps, steps_per_call, strategy_na
     return out
 
 
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _workers(argv: list[str], n: int) -> dict:
+    """The loop in n worker processes of a MultiWorkerMirroredStrategy cluster on 127.0.0.1; worker 0's figures."""
+    spec = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(n)]}
+    procs = []
+    for i in range(n):
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}})}
+        cmd = [sys.executable, "-m", "benchmarks.tight_loop", *argv, f"--task={i}"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            raise SystemExit(f"a worker of the tight loop failed (exit {p.returncode}):\n{err[-2000:]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.tight_loop")
     p.add_argument("--hidden", default="64,64")
@@ -128,11 +167,16 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--steps-per-call", type=int, default=100)
-    p.add_argument("--strategy", default="default", choices=["default", "mirrored"])
+    p.add_argument("--strategy", default="default", choices=["default", "mirrored", "multi_worker_mirrored"])
     p.add_argument("--logical-cpus", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2, help="multi_worker_mirrored: processes on 127.0.0.1")
+    p.add_argument("--task", type=int, help=argparse.SUPPRESS)  # a worker started by _workers
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rungs", default="tight,dataset,per_step")
     a = p.parse_args(argv)
+    if a.strategy == "multi_worker_mirrored" and a.task is None:
+        print(json.dumps(_workers(sys.argv[1:] if argv is None else list(argv), a.workers)))
+        return
     hidden = [int(h) for h in a.hidden.split(",")]
     result = measure(
         hidden, a.features, a.classes, a.batch, a.steps, min(a.steps_per_call, a.steps), a.strategy, a.logical_cpus,
