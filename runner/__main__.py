@@ -71,6 +71,8 @@ def cli() -> None:
     except BrokenPipeError:  # what was printed was not all read (--help | head): nothing more to say there
         teardown.exit(teardown.SIGPIPE_EXIT)
     except KeyboardInterrupt as err:  # before the app ran (Hydra composing), or a sweep between its jobs
+        for held in (signal.SIGINT, signal.SIGTERM):  # a second press waits for the end: a traceback left runs RUNNING
+            signal.signal(held, signal.SIG_IGN)
         signum = getattr(err, "signum", signal.SIGINT)
         from runner.sweeps.sweep import kill_parent_run
 

@@ -7,6 +7,7 @@ nested under the sweep's parent run. A failed job is recorded and the sweep goes
 report is written and the sweep exits non-zero if any job failed.
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -292,19 +293,39 @@ def _run_child(
 
 
 def kill_parent_run(signum: int) -> None:
-    """The sweep's MLflow parent run (this process's, when it opened one) KILLED by `signum`."""
+    """The sweep's MLflow parent run (this process's, when it opened one) KILLED by `signum`. A further Ctrl-C or
+    SIGTERM meanwhile (a second press, `timeout` passing its own on) waits for it: the run is being ended already,
+    and an exception in the middle left it RUNNING behind a traceback."""
     parent_id, uri = parent_run_id(), os.environ.get(contract.TRACKING_URI)
     if not parent_id or not uri:
         return
-    try:
-        from mlflow import MlflowClient
+    with _signals_held():
+        try:
+            from mlflow import MlflowClient
 
-        client = MlflowClient(uri)
-        end_stranded_jobs(client, parent_id, signum)
-        client.set_tag(parent_id, "stopped_by", signal.Signals(signum).name)
-        client.set_terminated(parent_id, "KILLED")
-    except Exception as err:  # the message is what matters; the next run marks a stale one FAILED
-        log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
+            client = MlflowClient(uri)
+            end_stranded_jobs(client, parent_id, signum)
+            client.set_tag(parent_id, "stopped_by", signal.Signals(signum).name)
+            client.set_terminated(parent_id, "KILLED")
+        except Exception as err:  # the message is what matters; the next run marks a stale one FAILED
+            log.warning("could not mark the sweep's MLflow run KILLED: %s", err)
+
+
+def _hold_signals() -> dict:
+    """SIGINT and SIGTERM ignored from now (in the main thread, where handlers live); the handlers they had."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+@contextlib.contextmanager
+def _signals_held():
+    before = _hold_signals()
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def end_stranded_jobs(client, parent_id: str, signum: int) -> list[str]:
@@ -331,8 +352,10 @@ def _stop_jobs(signum: int) -> None:
 
 
 def _stopped(signum: int, labels: list[str]):
-    """The sweep stopped during the jobs `labels`: its parent run KILLED, one paragraph, exit 130 / 143."""
+    """The sweep stopped during the jobs `labels`: its parent run KILLED, one paragraph, exit 130 / 143. A further
+    signal waits for the end (the jobs have ended: nothing is left to stop)."""
     name = signal.Signals(signum).name
+    _hold_signals()  # until the process exits
     kill_parent_run(signum)
     one = len(labels) == 1
     during = f"job {labels[0]}, which" if one else f"jobs {', '.join(labels)}, which each"

@@ -295,3 +295,29 @@ def test_a_stopped_sweep_ends_the_runs_its_stopped_jobs_left_running_killed(swee
     statuses = {r: client.get_run(r).info.status for r in (done, killed, left, other)}
     assert statuses == {done: "FINISHED", killed: "KILLED", left: "KILLED", other: "RUNNING"}
     assert client.get_run(left).data.tags["stopped_by"] == "SIGINT"
+
+
+def test_a_second_ctrl_c_while_the_sweeps_run_is_ended_waits_for_it(sweep, sqlite_uri, tmp_path, monkeypatch):
+    """Two SIGINTs (a second press, or `timeout` passing its own on): the second came while the first's handler
+    ended the sweep's run, raised in the middle and left the run RUNNING behind a traceback. It waits now."""
+    import os
+    import signal
+
+    from runner.control import contract
+    from runner.sweeps import sweep as sweep_module
+
+    client, parent_id, _, _ = sweep
+    path = tmp_path / "parent-run.json"
+    contract.announce_parent_run(str(path), parent_id)
+    monkeypatch.setenv(contract.PARENT_RUN_FILE, str(path))
+    monkeypatch.setenv(contract.TRACKING_URI, sqlite_uri)
+    ended = sweep_module.end_stranded_jobs
+
+    def interrupted(*args):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered here, in the main thread, at the next bytecode
+        return ended(*args)
+
+    monkeypatch.setattr(sweep_module, "end_stranded_jobs", interrupted)
+    sweep_module.kill_parent_run(signal.SIGINT)  # no KeyboardInterrupt out of it
+    assert client.get_run(parent_id).info.status == "KILLED"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back after
