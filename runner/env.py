@@ -15,8 +15,17 @@ def utf8_paths() -> None:
     mode (PEP 540), before anything else is imported. TensorFlow reads and writes paths as UTF-8 whatever the locale,
     while Python names files in the locale's encoding: a path beyond ASCII meant two names for one file there
     (TensorFlow's checkpoints in one directory, the runner's files in another; images listed by Python that
-    TensorFlow could not find). The processes this one starts inherit the mode. PYTHONUTF8 set by you is kept."""
-    if sys.flags.utf8_mode or "PYTHONUTF8" in os.environ or sys.getfilesystemencoding().lower() in ("utf-8", "utf8"):
+    TensorFlow could not find). The processes this one starts inherit the mode. PYTHONUTF8 set by you is kept, with
+    a warning."""
+    if sys.flags.utf8_mode or sys.getfilesystemencoding().lower() in ("utf-8", "utf8"):
+        return
+    if "PYTHONUTF8" in os.environ:
+        print(
+            f"Warning: PYTHONUTF8={os.environ['PYTHONUTF8']} under a locale that names files in "
+            f"{sys.getfilesystemencoding()}: TensorFlow names them in UTF-8, so a path beyond ASCII would be two "
+            "directories (the checkpoints in one, the run's files in the other). Unset PYTHONUTF8, or keep paths ASCII.",
+            file=sys.stderr,
+        )
         return
     os.environ["PYTHONUTF8"] = "1"
     try:  # the arguments go back as the bytes they came as; under UTF-8 mode they read as the user typed them

@@ -119,4 +119,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from runner import env
+
+    env.utf8_paths()  # TensorFlow writes the files: their paths as UTF-8 (runner.env)
     sys.exit(main())
