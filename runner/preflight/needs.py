@@ -70,16 +70,23 @@ def memory_fits(cfg):
 def directories_writable(cfg):
     """The output and checkpoint directories."""
     output_dir = OmegaConf.select(cfg, "output_dir", throw_on_resolution_failure=False)
-    dirs = []
+    dirs = []  # (key, path, holds checkpoints)
     if output_dir:
-        dirs.append(("output_dir", str(output_dir)))
+        dirs.append(("output_dir", str(output_dir), False))
     if cfg.checkpoint.enabled and (cfg.checkpoint.dir or output_dir):
         key = "checkpoint.dir" if cfg.checkpoint.dir else "output_dir"
-        dirs.append((key, layout.checkpoint_dir(cfg, output_dir)))
-    for key, path in dirs:
+        dirs.append((key, layout.checkpoint_dir(cfg, output_dir), True))
+    for key, path, checkpoints in dirs:
+        pattern = sorted(set(path) & set("[]\\")) if checkpoints else []
+        if pattern:  # TensorFlow finds a checkpoint's files by a glob of its path: [1] matches 1, \b matches b
+            raise ConfigError(
+                f"{key}: the checkpoints would go to '{path}', whose {' '.join(pattern)} TensorFlow reads as a file "
+                "pattern when it restores them, so resume= would find no checkpoint there. Choose a directory "
+                f"without {' '.join(pattern)} ({'checkpoint.dir' if key == 'checkpoint.dir' else 'hydra.run.dir'}=<dir>)."
+            )
         problem = writable_dir_problem(path)
         if problem:
-            what = "checkpoints" if "checkpoint" in path or key == "checkpoint.dir" else "the run's output"
+            what = "checkpoints" if checkpoints else "the run's output"
             raise ConfigError(
                 f"{key}: {path!r} cannot be used for {what}: {problem}. Point {key} at a directory this user can "
                 + (

@@ -561,3 +561,17 @@ def test_a_sweep_objective_no_run_reports_is_refused(value):
     with pytest.raises(ConfigError, match=r"^sweep.objective=.* is not a figure a run reports"):
         validate.sweep_objective(composed(f"sweep.objective={value}"))
     validate.sweep_objective(composed("sweep.objective=[eval/loss,summary/examples_per_sec]"))
+
+
+@pytest.mark.parametrize("name,chars", [("a[1]", "[ ]"), ("a\\b", "\\"), ("c[x\\y]", "[ \\ ]")])
+def test_a_checkpoint_directory_tensorflow_would_read_as_a_pattern_is_refused(tmp_path, name, chars):
+    """TensorFlow finds a checkpoint's files by a glob of its path: under `a[1]` or `a\\b` the run trained and wrote
+    them, and resume= found none (found by an attack). Refused before training; `*` and `?` match themselves."""
+    from runner.config.command_line import override
+    from runner.preflight.needs import directories_writable
+
+    with pytest.raises(ConfigError) as refused:
+        directories_writable(composed(override("output_dir", str(tmp_path / name))))
+    assert f"Choose a directory without {chars} (hydra.run.dir=<dir>)" in str(refused.value), refused.value
+    directories_writable(composed(override("output_dir", str(tmp_path / name)), "checkpoint.enabled=false"))
+    directories_writable(composed(override("output_dir", str(tmp_path / "a*b?"))))
