@@ -288,25 +288,37 @@ def done_line(result: Result, summary: dict[str, float]) -> str:
 def progress_mode(verbose) -> str:
     """executor.verbose as bar (Keras' progress bar: a terminal, or 1), lines (one log line every
     train.log_every_n_steps steps: 2, or a task under a launcher, which reads its steps from them and paces what it
-    shows), paced (those lines at most one a second, runner.control.pace: no terminal) or quiet (0)."""
+    shows), paced (those lines at most one a second, runner.control.pace: no terminal) or quiet (0). A task under a
+    launcher prints every line whatever executor.verbose says: they are the launcher's record of its steps (an
+    elastic resize counts the steps redone from them), and the launcher shows them as executor.verbose says."""
+    if os.environ.get(contract.TASK_ROLE):
+        return "lines"
     if str(verbose) == "auto":
-        if sys.stdout.isatty():
-            return "bar"
-        return "lines" if os.environ.get(contract.TASK_ROLE) else "paced"
+        return "bar" if sys.stdout.isatty() else "paced"
     return {"0": "quiet", "1": "bar", "2": "lines"}[str(verbose)]
 
 
 class ProgressLines:
-    """Whether a progress line is shown, in lines or paced mode (progress_mode)."""
+    """The progress lines of lines or paced mode (progress_mode): paced, the line of a step not shown is kept, and
+    end() shows it when training stopped before its last step (early stopping), so the last line is always there."""
 
     def __init__(self, mode: str, last_step: int):
         self.mode, self.last_step = mode, last_step
         self.pace = pace.Pace() if mode == "paced" else None
+        self.held: str | None = None
 
-    def due(self, step: int) -> bool:
-        if self.mode == "lines":
-            return True
-        return self.pace is not None and self.pace.due(last=step >= self.last_step)
+    def show(self, step: int, text) -> None:
+        """`text()`, the line of `step`, logged now or held."""
+        if self.mode == "lines" or (self.pace is not None and self.pace.due(last=step >= self.last_step)):
+            log.info(text())
+            self.held = None
+        elif self.pace is not None:
+            self.held = text
+
+    def end(self) -> None:
+        if self.held is not None:
+            log.info(self.held())
+            self.held = None
 
 
 def epochs_text(n: int) -> str:

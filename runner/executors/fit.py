@@ -176,7 +176,7 @@ def _callbacks(
     keras = keras or tf_keras
     spe, every = job.data.steps_per_epoch, job.train.log_every_n_steps
     epochs = job.train.epochs
-    lines = ProgressLines(mode, epochs * spe)
+    progress = ProgressLines(mode, epochs * spe)
     # Keras 3 resumed inside an epoch: its fit counts that epoch's batches from 0 (_fit_calls), tf_keras' from the step
     skipped = initial_step % spe if keras is not tf_keras else 0
 
@@ -185,6 +185,8 @@ def _callbacks(
 
     class EpochReport(keras.callbacks.Callback):
         """Checkpoints, and metrics once per epoch (all that parameter_server allows: no batch-level hooks)."""
+
+        lines = progress  # the progress lines, for run_fit to end after its last fit call
 
         def __init__(self):
             super().__init__()
@@ -216,9 +218,8 @@ def _callbacks(
             values.update(rates)
             values.update(job.learning_rate(step))
             job.reporter.log_metrics(values, step)
-            if lines.due(step):
-                done = step - self.epoch * spe
-                log.info(progress_line(self.epoch + 1, epochs, done, spe, values.get("loss", float("nan")), rates))
+            done, epoch, loss = step - self.epoch * spe, self.epoch + 1, values.get("loss", float("nan"))
+            progress.show(step, lambda: progress_line(epoch, epochs, done, spe, loss, rates))
 
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * spe
@@ -411,6 +412,7 @@ def run_fit(job: Job) -> Result:
             )
             if model.stop_training:  # early stopping
                 break
+        callbacks[0].lines.end()
     train_sec = (callbacks[0].ended or time.perf_counter()) - started
     training_ended(job)
     steps = callbacks[0].last_step or job.train.epochs * data.steps_per_epoch  # fewer when stopped early

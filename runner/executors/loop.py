@@ -83,8 +83,8 @@ class Progress:
             self.bar.update(done, values=[("loss", loss)])
 
     def line(self, epoch: int, done: int, loss: float, rates, suffix: str = "") -> None:
-        if self.lines.due(epoch * self.spe + done):
-            log.info(progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates) + suffix)
+        text = lambda: progress_line(epoch + 1, self.epochs, done, self.spe, loss, rates) + suffix  # noqa: E731
+        self.lines.show(epoch * self.spe + done, text)
 
 
 def checkpoint_due(job: Job, step: int, epoch_end: bool, last_saved: int) -> bool:
@@ -180,6 +180,7 @@ def run(job: Job, trainer: Trainer) -> Result:
                 epoch = step // spe
                 continue
             epoch += 1
+    progress.lines.end()  # the last line, when training stopped before its last step
     trainer.end()
     train_sec = time.perf_counter() - started
     training_ended(job)

@@ -93,7 +93,8 @@ class Task:
     notified: bool = False  # it said it received SIGINT/SIGTERM itself (its peers stop because it did)
     step: int | None = None  # the global step of its last progress line (the elastic launcher's record of a loss)
     last_step: int | None = None  # the job's final step, from the same line
-    paced: pace.Pace | None = None  # executor.verbose=auto: its progress lines shown at most one a second
+    paced: pace.Pace | None = None  # executor.verbose=auto or 1: its progress lines shown at most one a second
+    progress_shown: bool = True  # executor.verbose=0: its progress lines read, none shown
     cpp_lines: int = 0  # TensorFlow's C++ error lines written to its tensorflow.log instead of the terminal
     in_cpp: bool = False  # the last line was one of them (or went on one)
 
@@ -130,7 +131,7 @@ class Task:
         if progress:
             epoch, epochs, step, per_epoch = (int(g) for g in progress.groups())
             self.step, self.last_step = (epoch - 1) * per_epoch + step, epochs * per_epoch
-            if self.paced is not None and not self.paced.due(last=self.step >= self.last_step):
+            if not self.progress_shown or (self.paced is not None and not self.paced.due(last=self.step >= self.last_step)):
                 return
         with lock:
             sys.stdout.write(f"[{self.name}] {line}")
@@ -257,7 +258,9 @@ def build_tasks(cfg: DictConfig, overrides: list[str], run_id: str, uri: str, sp
             ]
         )
         task = task_class(job, i, argv, env, run_dir)
-        if str(cfg.executor.verbose) == "auto":
+        verbose = str(cfg.executor.verbose)
+        task.progress_shown = verbose != "0"
+        if verbose in ("auto", "1"):  # no bar through a pipe: its lines, paced
             task.paced = pace.Pace()
         tasks.append(task)
     return tasks

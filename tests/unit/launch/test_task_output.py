@@ -45,13 +45,20 @@ def test_no_terminal_paces_a_launched_task_prints_every_line_and_2_always(monkey
     assert base.progress_mode("2") == "lines"
     monkeypatch.setenv(contract.TASK_ROLE, "trainer")
     assert base.progress_mode("auto") == "lines"  # the launcher reads them and paces what it shows
-    lines = base.ProgressLines("lines", 100)
-    assert all(lines.due(s) for s in range(1, 101))
-    paced = base.ProgressLines("paced", 100)
-    assert [s for s in range(1, 101) if paced.due(s)] == [1, 100]  # a fast run: the first and the last
+    assert base.progress_mode("0") == base.progress_mode("1") == "lines"  # and hides them, or shows no bar
+    for mode, stop, shown in (("lines", 100, list(range(1, 101))), ("paced", 100, [1, 100]), ("paced", 37, [1, 37])):
+        lines, logged = base.ProgressLines(mode, 100), []
+        monkeypatch.setattr(base.log, "info", logged.append)
+        for step in range(1, stop + 1):
+            lines.show(step, lambda step=step: step)
+        lines.end()  # training ended: at its last step, or early (early stopping at 37: its line still shown)
+        assert logged == shown, (mode, stop)
 
 
-@pytest.mark.parametrize("verbose,shown", [("auto", ["1/8", "8/8"]), ("2", [f"{s}/8" for s in range(1, 9)])])
+@pytest.mark.parametrize(
+    "verbose,shown",
+    [("auto", ["1/8", "8/8"]), ("1", ["1/8", "8/8"]), ("2", [f"{s}/8" for s in range(1, 9)]), ("0", [])],
+)
 def test_the_launcher_paces_what_it_shows_and_still_reads_every_step(tmp_path, capsys, verbose, shown):
     cfg = helpers.composed(
         f"output_dir={tmp_path}", "strategy=multi_worker_mirrored", "cluster=localhost", f"executor.verbose={verbose}"
