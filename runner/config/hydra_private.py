@@ -191,9 +191,17 @@ def _compact_errors_without_trailer() -> None:
                     + os.linesep
                 )
                 sys.exit(2)
-            sys.stderr.write(text + os.linesep)
+            twice = re.match(r"Multiple values for ([\w/.]+)\. To override a value use 'override \1: (.*)'$", text)
+            if twice:  # +strategy=mirrored: Hydra's advice is for a defaults list, not the command line
+                group, value = twice.groups()
+                text = (
+                    f"+{group}={value} adds a second {group}, and the config has one already: choose it with "
+                    f"{group}={value} (without the +)."
+                )
             if isinstance(err.__cause__, OmegaConfBaseException):
-                sys.stderr.write(str(err.__cause__) + os.linesep)
+                text += f" ({str(err.__cause__).strip()})"
+            text = " ".join(line.strip() for line in text.splitlines() if line.strip())  # one paragraph
+            sys.stderr.write((text if text.startswith("Error: ") else f"Error: {text}") + os.linesep)
             sys.exit(1)
 
     setattr(run_and_report, _MARK, True)

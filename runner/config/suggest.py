@@ -114,9 +114,9 @@ def prefix_problem(override, cfg: DictConfig, hydra_says: str) -> str:
             f"{line}: {key} is already in the config. Set it with {key}={value}: + adds a key that is not there "
             f"(++{key}={value} adds or sets)."
         )
-    elif override.is_delete() and there:
+    elif override.is_delete() and there and not value:
         text = f"{line} removes {key}, which a run needs. Give it another value instead ({key}=...)."
-    elif override.is_delete():
+    elif override.is_delete() and not there:
         close = close_names(name, known)
         hint = f": did you mean {' or '.join('~' + (f'{parent}.{c}' if parent else c) for c in close)}?" if close else "."
         text = f"{line} removes nothing: {key} is not in the config{hint}"

@@ -33,3 +33,33 @@ def test_install_puts_each_hook_in_place_once():
     assert getattr(_resolve(hydra_private.RUN_AND_REPORT), hydra_private._MARK, False)
     for hooked in (repository.load_config, loader.load_configuration, loader._apply_overrides_to_config):
         assert getattr(hooked, hydra_private._MARK, False) or hooked.__qualname__.endswith("apply_overrides")
+
+
+def test_hydras_own_refusals_are_one_paragraph_with_error(capsys, monkeypatch):
+    """What python -m runner printed as Hydra's bare lines ('~', '~hydra', '+strategy=mirrored'): one paragraph
+    starting Error:, exit 1; +group=option names the override to write instead of Hydra's defaults-list advice."""
+    import pytest
+    from hydra.errors import ConfigCompositionException
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    schema.register()
+    hydra_private.install()
+    report = _resolve(hydra_private.RUN_AND_REPORT)
+    for said, expected in (
+        (
+            "Could not delete 'hydra'. No match in the defaults list",
+            "Error: Could not delete 'hydra'. No match in the defaults list",
+        ),
+        (
+            "Multiple values for strategy. To override a value use 'override strategy: mirrored'",
+            "Error: +strategy=mirrored adds a second strategy, and the config has one already: choose it with "
+            "strategy=mirrored (without the +).",
+        ),
+    ):
+
+        def compose(said=said):
+            raise ConfigCompositionException(said)
+
+        with pytest.raises(SystemExit) as done:
+            report(compose)
+        assert done.value.code == 1 and capsys.readouterr().err == expected + "\n"
