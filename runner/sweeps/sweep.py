@@ -358,11 +358,11 @@ def _stopped(signum: int, labels: list[str]):
     _hold_signals()  # until the process exits
     kill_parent_run(signum)
     one = len(labels) == 1
-    during = f"job {labels[0]}, which" if one else f"jobs {', '.join(labels)}, which each"
-    print(
-        f"Stopped: the sweep was stopped by {name} during {during} checkpointed and ended its MLflow run "
-        f"KILLED (continue {'it' if one else 'each'} with the resume= it printed); the sweep's MLflow run is KILLED and "
-        f"the jobs after {'it' if one else 'them'} did not run.",
+    during = f"job {labels[0]}" if one else f"jobs {', '.join(labels)}"
+    print(  # what each job did is in its own lines above (it may have been starting, or already done)
+        f"Stopped: the sweep was stopped by {name} during {during}: a job that was training checkpointed and ended "
+        f"its MLflow run KILLED (continue it with the resume= it printed); the sweep's MLflow run is KILLED and the "
+        f"jobs after {'it' if one else 'them'} did not run.",
         file=sys.stderr,
     )
     sys.exit(128 + signum)

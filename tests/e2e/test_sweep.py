@@ -88,8 +88,8 @@ def test_ctrl_c_stops_a_sweep_its_job_checkpoints_and_both_runs_are_killed(runne
         stopped = rf"\[{job}\] Stopped: training stopped by SIGINT at step \d+: checkpoint written"
         assert re.search(stopped, output), output[-3000:]
         assert any((sweep_dir / job[1:] / "checkpoints").glob("ckpt-*.index"))
-    during = "job #0, which" if parallel == 1 else "jobs #0, #1, which each"
-    assert f"Stopped: the sweep was stopped by SIGINT during {during} checkpointed" in output
+    during = "job #0" if parallel == 1 else "jobs #0, #1"
+    assert f"Stopped: the sweep was stopped by SIGINT during {during}: a job that was training checkpointed" in output
     assert parallel == 2 or "job #1" not in output
     _, parent, children = family(runner, f"stopped-{parallel}")
     assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"] * parallel
