@@ -318,6 +318,10 @@ def test_a_second_ctrl_c_while_the_sweeps_run_is_ended_waits_for_it(sweep, sqlit
         return ended(*args)
 
     monkeypatch.setattr(sweep_module, "end_stranded_jobs", interrupted)
-    sweep_module.kill_parent_run(signal.SIGINT)  # no KeyboardInterrupt out of it
+    raising = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, as in the sweep's process
+    try:
+        sweep_module.kill_parent_run(signal.SIGINT)  # no KeyboardInterrupt out of it
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back after
+    finally:
+        signal.signal(signal.SIGINT, raising)
     assert client.get_run(parent_id).info.status == "KILLED"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back after
