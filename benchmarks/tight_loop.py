@@ -24,7 +24,6 @@ tracing, excluded; the best of --repeats timings).
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -133,20 +132,11 @@ def measure(hidden, features, classes, batch, steps, steps_per_call, strategy_na
     return out
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _workers(argv: list[str], n: int) -> dict:
     """The loop in n worker processes of a MultiWorkerMirroredStrategy cluster on 127.0.0.1; worker 0's figures."""
-    spec = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(n)]}
+    from runner.launch.localhost import free_ports
+
+    spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(n)]}
     procs = []
     for i in range(n):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}})}
