@@ -18,6 +18,8 @@ RESUME_HOOK = "_maybe_load_initial_counters_from_ckpt"  # tf_keras Model.fit: (e
 PLATFORM = "_platform_device"  # PreemptionCheckpointHandler: the platform it detected (GCE or not)
 SYMBOLIC_BUILD = "_maybe_symbolic_build"  # Keras 3 Model.fit: a batch read to build the model before training
 STEPS_PER_EXECUTION = "_steps_per_execution"  # tf_keras Model: the compiled steps per call, a variable
+TRAIN_COUNTER = "_train_counter"  # tf_keras Model: the steps trained, a variable its train function counts up
+REDUCE = "reduce_per_replica"  # tf_keras.src.engine.training: a train step's replica outputs to one value, as fit does
 FLATTEN = "_flatten_layers"  # Keras 3 Layer: every nested layer (tf_keras' public `submodules`; Keras 3 has none)
 _warned = set()
 
@@ -47,6 +49,20 @@ def flat_caller(concrete, iterator, args):
         return call_flat(handles + list(tensors), captured_inputs=concrete.captured_inputs)
 
     return caller
+
+
+def reduce_per_replica():
+    """tf_keras' reduce_per_replica (a train step's replica outputs to one value, as Model.fit does), for a train
+    function of the runner's own (runner.executors.fit: it hands back every step's logs); None on another tf_keras:
+    Model.fit's own train function is kept, and a call ends at every logged step (slower, same results)."""
+    try:
+        from tf_keras.src.engine import training
+    except ImportError:
+        training = None
+    reduce = getattr(training, REDUCE, None)
+    if reduce is None:
+        _warn_once(f"tf_keras {REDUCE}", "a call of Model.fit ends at every logged step: slower, same results")
+    return reduce
 
 
 def take_tf_logs(callback, enabled: bool = True):

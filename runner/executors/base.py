@@ -338,6 +338,14 @@ def last_log_point(done: int, every: int) -> int:
     return done - done % every
 
 
+def logged_steps(start: int, done: int, logged_at: int, every: int, spe: int) -> list[int]:
+    """The steps of an epoch in (start, done] to log: every `every` steps after `logged_at`, and the epoch's last."""
+    points = list(range(logged_at + every, done + 1, every))
+    if done == spe and (not points or points[-1] != spe):
+        points.append(spe)
+    return [p for p in points if p > start]
+
+
 def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float, rates: dict[str, float]) -> str:
     eps = rates.get(WINDOW_RATE)
     speed = f" {eps:,.0f} examples/s" if eps else ""

@@ -15,10 +15,10 @@ from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_step import make_replica_step
 
 
-def shard_accumulator(job: Job):
-    """(add, scale, with_shard): add(step output, total, shards) -> (total, shards) sums the step's loss and each
-    replica's shard loss, the cheapest way for the layout; shards * scale is their sum of shard mean losses;
-    with_shard: the replicas return their shard's mean loss too (make_replica_step).
+def step_losses(job: Job):
+    """(losses, scale, with_shard): losses(step output) -> (the step's loss, each replica's shard loss), the
+    cheapest way for the layout; shard * scale is the shard's mean loss; with_shard: the replicas return their
+    shard's mean loss too (make_replica_step).
 
     - One replica, no regularization: the loss is the shard's loss.
     - One worker: every replica's share of the loss, stacked on the host where strategy.reduce would add them
@@ -38,31 +38,57 @@ def shard_accumulator(job: Job):
     total_of = lambda loss: strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)  # noqa: E731
     if replicas == 1 and not job.model.losses:
 
-        def add(loss, total, shards):
+        def losses(loss):
             loss = total_of(loss)
-            return total + loss, shards + loss
+            return loss, tf.reshape(loss, [1])
 
         scale, with_shard = 1.0, False
     elif not job.multi_worker and not job.model.losses and job.data.global_batch_size % replicas == 0:
 
-        def add(share, total, shards):
+        def losses(share):
             parts = tf.stack(local(share))
-            return total + tf.reduce_sum(parts), shards + parts
+            return tf.reduce_sum(parts), parts
 
         scale, with_shard = float(replicas), False
     elif job.multi_worker:
 
-        def add(out, total, shards):
-            return total + total_of(out[0]), shards + strategy.gather(out[1], axis=0)
+        def losses(out):
+            return total_of(out[0]), strategy.gather(out[1], axis=0)
 
         scale, with_shard = 1.0, True
     else:
 
-        def add(out, total, shards):
-            return total + tf.reduce_sum(tf.stack(local(out[0]))), shards + tf.concat(local(out[1]), axis=0)
+        def losses(out):
+            return tf.reduce_sum(tf.stack(local(out[0]))), tf.concat(local(out[1]), axis=0)
 
         scale, with_shard = 1.0, True
-    return tf.autograph.experimental.do_not_convert(add), scale, with_shard
+    return tf.autograph.experimental.do_not_convert(losses), scale, with_shard
+
+
+class ShardWindow:
+    """Each replica's shard losses of the steps since the last logged step, on the host: their mean is logged as
+    loss/replica_<i>. A call hands back every step's; a logged step inside it takes those up to it."""
+
+    def __init__(self):
+        self.rows, self.at = None, 0  # the last call's steps x replicas, and how many of them are taken
+        self.sum, self.count = 0.0, 0
+
+    def call(self, rows) -> None:
+        if self.rows is not None:
+            self._add(self.rows[self.at :])
+        self.rows, self.at = rows, 0
+
+    def _add(self, rows) -> None:
+        if len(rows):
+            self.sum, self.count = self.sum + rows.sum(axis=0), self.count + len(rows)
+
+    def take(self, upto: int):
+        """The mean over the window that ends after the call's first `upto` steps."""
+        self._add(self.rows[self.at : upto])
+        self.at = upto
+        mean = self.sum / max(1, self.count)
+        self.sum, self.count = 0.0, 0
+        return mean
 
 
 class InProcessTrainer(loop.Trainer):
@@ -80,10 +106,13 @@ class InProcessTrainer(loop.Trainer):
             per_example_loss = build_loss(job.loss, PER_EXAMPLE, job.keras)
             self.metrics = build_own(job.metrics)  # train.metrics on the training batches
         replicas = strategy.num_replicas_in_sync
-        add, scale, with_shard = shard_accumulator(job)
+        losses_of, scale, with_shard = step_losses(job)
         replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard, metrics=self.metrics)
         eval_update, self.eval_results = make_evaluator(job, per_example_loss)
-        n = per_call.of(job, job.train.steps_per_loop)
+        # every step's losses come back with the call: logged steps need not end one, unless train.metrics' results are
+        # logged (read at the end of a call)
+        self.logs_inside = not self.metrics
+        n = per_call.of(job, job.train.steps_per_loop, logs_inside=self.logs_inside)
         self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.resident = None
         if resident.usable(job):  # in-memory data: each step gathers its own rows (runner.executors.resident)
@@ -92,12 +121,13 @@ class InProcessTrainer(loop.Trainer):
 
         @tf.function
         def train_loop(iterator, num_steps):
-            """(mean loss, mean shard loss per replica) over num_steps steps."""
-            total, shards = tf.constant(0.0), tf.zeros([replicas])
-            for _ in tf.range(num_steps):
-                total, shards = add(strategy.run(replica_step, args=(take(iterator),)), total, shards)
-            count = tf.cast(num_steps, tf.float32)
-            return total / count, shards * scale / count
+            """Each of num_steps steps' loss, and its shard losses (steps x replicas)."""
+            steps = tf.TensorArray(tf.float32, size=num_steps)
+            shards = tf.TensorArray(tf.float32, size=num_steps, element_shape=[replicas])
+            for i in tf.range(num_steps):
+                loss, shard = losses_of(strategy.run(replica_step, args=(take(iterator),)))
+                steps, shards = steps.write(i, loss), shards.write(i, shard)
+            return steps.stack(), shards.stack() * scale
 
         @tf.function
         def eval_step(inputs):
@@ -112,6 +142,7 @@ class InProcessTrainer(loop.Trainer):
         )
         self.steps = {}  # tf.constant per call length, made once
         self.out = None
+        self.window = ShardWindow()
 
     def begin(self, step: int) -> None:
         if self.resident is not None:
@@ -125,14 +156,15 @@ class InProcessTrainer(loop.Trainer):
         self.out = num_steps, self.run_loop(self.iterator, self.steps[num_steps])  # tensor arguments only: the cheapest call
 
     def sync(self):
-        num_steps, (loss, _) = self.out
-        return [(num_steps, float(loss))]
+        _, (losses, shards) = self.out
+        self.window.call(shards.numpy())
+        return [(1, loss) for loss in losses.numpy().tolist()]
 
     def epoch_begin(self) -> None:
         reset(self.metrics)
 
-    def report(self, loss: float):
-        found = replica_metrics(self.out[1][1].numpy())
+    def report(self, loss: float, upto: int | None = None):
+        found = replica_metrics(self.window.take(self.out[0] if upto is None else upto))
         if self.metrics:  # every worker reads them at the same steps (under multi-worker, a collective each)
             found.update(results(self.metrics))
             if not self.job.multi_worker:

@@ -20,6 +20,7 @@ from runner.executors.base import (
     epochs_text,
     last_log_point,
     log,
+    logged_steps,
     progress_line,
     replica_metrics,
     training_ended,
@@ -39,6 +40,7 @@ def _replica_loss_model(
     shard_losses,
     strip_ids,
     accumulation_steps: int,
+    stepwise=None,
 ):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
@@ -49,6 +51,9 @@ def _replica_loss_model(
 
     `strip_ids(batch)` makes a training batch (x, y): record ids dropped (runner.builders.data.tfrecord), or row
     indices gathered (runner.executors.resident).
+
+    `stepwise` (tf_keras' reduce_per_replica, or None): the train function hands back every step's logs of a call
+    beside the last step's (`step_logs`), so that the logged steps inside a call are reported after it.
     """
     import tensorflow as tf
     import tf_keras
@@ -61,6 +66,7 @@ def _replica_loss_model(
             super().__init__(name="replica_loss_model")
             self.inner = inner
             self.resume_step = initial_step
+            self.step_logs = None  # stepwise: the last call's logs of each step, flattened (steps x values)
 
         def replica_losses(self, logs):
             """Every replica's shard loss at the last step, in replica order."""
@@ -117,8 +123,64 @@ def _replica_loss_model(
             # A tf.function of the iterator (not parameter_server's scheduling lambda, not run_eagerly): call it
             # through its concrete function, as the custom loop does.
             if not cached and fn is self.train_tf_function:
-                self.train_function = concrete_per_iterator(fn)
+                if stepwise is None:
+                    self.train_function = concrete_per_iterator(fn)
+                else:
+                    call = concrete_per_iterator(self.stepwise_train_function())
+                    self.train_function = lambda iterator: self.split(call(iterator))
             return self.train_function
+
+        def split(self, out):
+            last, self.step_logs = out
+            return last
+
+        def logs_of_steps(self, last):
+            """The last call's logs of each step, {name: steps x value}, laid out as `last` (its last step's logs)."""
+            rows, nest, at, out = self.step_logs.numpy(), tf.nest, 0, []
+            for t in nest.flatten(last):
+                size = int(np.prod(t.shape))
+                out.append(rows[:, at : at + size].reshape((len(rows), *t.shape)))
+                at += size
+            return nest.pack_sequence_as(last, out)
+
+        def stepwise_train_function(self):
+            """Model.fit's train function of several steps per call (tf_keras' make_train_function), which also
+            hands back every step's logs: (the last step's, each step's stacked)."""
+            strategy, nest = self.distribute_strategy, tf.nest
+
+            # Not converted by AutoGraph, as fit's own step function is not (it lives in tf_keras): converting the
+            # train step doubled the first call's tracing. Keras converts each layer's call itself.
+            @tf.autograph.experimental.do_not_convert
+            def run_step(data):
+                outputs = self.train_step(data)
+                with tf.control_dependencies(nest.flatten(outputs)):  # counted only when the step ran
+                    getattr(self, tf_private.TRAIN_COUNTER).assign_add(1)
+                return outputs
+
+            if self.jit_compile:
+                run_step = tf.function(run_step, jit_compile=True, reduce_retracing=True)
+
+            @tf.autograph.experimental.do_not_convert
+            def one_step(iterator):
+                outputs = strategy.run(run_step, args=(next(iterator),))
+                return stepwise(outputs, strategy, reduction=self.distribute_reduction_method)
+
+            @tf.autograph.experimental.do_not_convert
+            def flat(logs):  # one vector a step (an array's element shape is fixed before the first step's logs exist)
+                return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in nest.flatten(logs)], 0)
+
+            @tf.function(reduce_retracing=True)
+            def train_function(iterator):
+                # fit cuts the epoch's last call to what is left of it
+                n = tf.cast(getattr(self, tf_private.STEPS_PER_EXECUTION), tf.int32)
+                steps = tf.TensorArray(tf.float32, size=n, element_shape=[None])
+                for i in tf.range(n):
+                    logs = one_step(iterator)  # first made in the loop, as fit's own train function does
+                    steps = steps.write(i, flat(logs))
+                return logs, steps.stack()
+
+            self.train_tf_function = train_function
+            return train_function
 
         def train_step(self, data):
             x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(strip_ids(data))
@@ -165,10 +227,20 @@ def _shown(logs):
 
 
 def _callbacks(
-    job: Job, meter: Throughput, initial_step: int, guard: StopGuard, mode: str, evaluate, own=(), keras=None, per_execution=1
+    job: Job,
+    meter: Throughput,
+    initial_step: int,
+    guard: StopGuard,
+    mode: str,
+    evaluate,
+    own=(),
+    keras=None,
+    per_execution=1,
+    stepwise=False,
 ):
     """`own`: train.metrics' objects, whose per-replica copies are read at each report (one worker only). `keras`:
-    the model's Keras (keras_of), whose Callback they subclass; tf_keras when not given."""
+    the model's Keras (keras_of), whose Callback they subclass; tf_keras when not given. `stepwise`: the model
+    hands back every step's logs of a call (model.step_logs), and the logged steps inside it are reported after it."""
     import tf_keras
 
     from runner.builders.metrics import per_replica
@@ -207,15 +279,18 @@ def _callbacks(
             self.epoch = epoch
             meter.resume()
 
-        def report(self, step, logs):
+        def report(self, step, logs, rates=None, logged=True):
+            """`rates`: the throughput of the window that ended with the call (measured now when not given);
+            logged to MLflow with the call's last logged step only (`logged`), shown on each progress line."""
             self.logged_at = step
             values = self.model.logged(logs)
             check_loss(job, values.get("loss", 0.0), step)
             values.update(replica_metrics(self.model.replica_losses(logs)))
             if own and not job.multi_worker and not job.parameter_server:
                 values.update(per_replica(job.strategy, own))
-            rates = meter.window()
-            values.update(rates)
+            rates = meter.window() if rates is None else rates
+            if logged:
+                values.update(rates)
             values.update(job.learning_rate(step))
             job.reporter.log_metrics(values, step)
             done, epoch, loss = step - self.epoch * spe, self.epoch + 1, values.get("loss", float("nan"))
@@ -246,9 +321,20 @@ def _callbacks(
         def on_train_batch_end(self, batch, logs=None):
             step = step_of(self.epoch, batch)
             meter.tick(step)
-            if step - self.logged_at >= every or step % spe == 0:
+            if stepwise:
+                self.report_steps(step, logs)
+            elif step - self.logged_at >= every or step % spe == 0:
                 self.report(step, logs)
             guard.check(step)
+
+        def report_steps(self, step, logs):
+            """Each logged step of the call that ended at `step` (`logs`: its last step's), from its own logs."""
+            steps = self.model.logs_of_steps(logs)
+            start, base = step - len(steps["loss"]), step - 1 - (step - 1) % spe  # the call's and the epoch's first step - 1
+            points = [base + p for p in logged_steps(start - base, step - base, self.logged_at - base, every, spe)]
+            rates = meter.window() if points else {}
+            for p in points:
+                self.report(p, {k: v[p - start - 1] for k, v in steps.items()}, rates, logged=p == points[-1])
 
     class ProfileEpochs(keras.callbacks.Callback):
         """train.profile_steps, at the epochs that hold them (parameter_server: no batch-level hooks)."""
@@ -280,7 +366,7 @@ def _callbacks(
     return callbacks
 
 
-def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
+def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: bool):
     """(model, inputs(done steps) -> fit's x, y and kwargs, evaluate, train.metrics' objects) for a tf_keras model."""
     import tf_keras
 
@@ -301,6 +387,7 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
             shard_losses,
             job.data.strip_ids if held is None else held.gather,
             job.train.accumulation_steps,
+            tf_private.reduce_per_replica() if stepwise else None,
         )
         own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         model.compile(
@@ -337,7 +424,7 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int):
     return model, inputs, evaluate, own
 
 
-def _keras3_fit(job: Job, initial_step: int, per_execution: int):
+def _keras3_fit(job: Job, initial_step: int, per_execution: int, stepwise: bool):
     """The same for a Keras 3 model (runner.executors.keras3_fit): its input is the custom loop's distributed
     dataset, from the resumed step on, whatever data.input is (Keras 3 has no DatasetCreator; its own batching of
     arrays would shuffle them otherwise than the other executors)."""
@@ -357,6 +444,16 @@ def _keras3_fit(job: Job, initial_step: int, per_execution: int):
     return model, inputs, keras3_evaluator(job, per_example_loss), own
 
 
+def stepwise_logs(job: Job) -> bool:
+    """Whether a tf_keras fit hands back every step's logs, so that auto steps per call need not end at logged steps:
+    not under parameter_server (a closure per step), nor where what is logged is read at the end of a call only
+    (each replica's shard loss on its own device, train.metrics' per-replica copies), nor with the user's own
+    callbacks (they keep seeing a batch end at every logged step), nor without tf_keras' reduce_per_replica."""
+    if job.parameter_server or (job.replicas > 1 and not job.multi_worker) or job.metrics:
+        return False
+    return not job.executor.get("callbacks") and tf_private.reduce_per_replica() is not None
+
+
 def _fit_calls(initial_step: int, spe: int, epochs: int, inside_epoch: bool) -> list[tuple[int, int, int, int]]:
     """(initial_epoch, epochs, steps_per_epoch, done steps) of each Model.fit call. One, unless a resumed run starts
     inside an epoch and fit cannot (`inside_epoch` False: Keras 3 has no hook for it): then that epoch's remaining
@@ -372,9 +469,11 @@ def run_fit(job: Job) -> Result:
     initial_step = job.restore()
     keras = job.keras
     tf_keras_model = keras.__name__ == "tf_keras"
+    stepwise = tf_keras_model and stepwise_logs(job)
     # Keras 3's fit runs whole calls only (runner.executors.per_call)
-    per_execution = per_call.of(job, job.train.steps_per_execution, whole=not tf_keras_model)
-    model, inputs, evaluate, own = (_tf_keras_fit if tf_keras_model else _keras3_fit)(job, initial_step, per_execution)
+    per_execution = per_call.of(job, job.train.steps_per_execution, whole=not tf_keras_model, logs_inside=stepwise)
+    build = _tf_keras_fit if tf_keras_model else _keras3_fit
+    model, inputs, evaluate, own = build(job, initial_step, per_execution, stepwise)
     mode = job.progress
     meter = Throughput(job.data.global_batch_size, job.replicas)
     data = job.data
@@ -396,7 +495,8 @@ def run_fit(job: Job) -> Result:
     callbacks_own = build_callbacks(job.executor.get("callbacks"), keras)  # checked before the first step
     started = time.perf_counter()
     with StopGuard(job) as guard:
-        callbacks = [*_callbacks(job, meter, initial_step, guard, mode, evaluate, own, keras, per_execution), *callbacks_own]
+        ours = _callbacks(job, meter, initial_step, guard, mode, evaluate, own, keras, per_execution, stepwise)
+        callbacks = [*ours, *callbacks_own]
         calls = _fit_calls(initial_step, data.steps_per_epoch, job.train.epochs, inside_epoch=tf_keras_model)
         for initial_epoch, epochs, per_epoch, done in calls:
             x, y, kwargs = inputs(done)

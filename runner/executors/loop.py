@@ -7,6 +7,7 @@ schedule) N steps, hand back their losses, evaluate. The in-process custom loop 
 parameter-server coordinator (ps_loop.py) are the two Trainers; Model.fit has its own loop (fit.py).
 """
 
+import itertools
 import time
 
 from runner.control import stopping
@@ -19,6 +20,7 @@ from runner.executors.base import (
     check_loss,
     last_log_point,
     log,
+    logged_steps,
     progress_line,
     recover,
     training_ended,
@@ -35,6 +37,7 @@ class Trainer:
     progress = "lines"  # bar | lines | quiet (base.progress_mode)
     steps_per_call = 1  # the most steps one train() call runs
     sync_every_call = True  # wait for each call: check its loss, poll for stop requests after every call
+    logs_inside = False  # sync() hands back each step's loss: the logged steps inside a call are logged after it
 
     def begin(self, step: int) -> None:
         """Right before the first call, inside the training time (e.g. start the input iterator at global step
@@ -45,14 +48,16 @@ class Trainer:
         raise NotImplementedError
 
     def sync(self) -> list[tuple[int, float]]:
-        """Wait for every call since the last sync: (steps, mean loss) for each of them."""
+        """Wait for every call since the last sync: (steps, mean loss) for each of them (logs_inside: (1, loss) for
+        each step, in order)."""
         raise NotImplementedError
 
     def epoch_begin(self) -> None:
         """At each epoch's start (a resumed one's too): train.metrics start afresh, as Model.fit's do."""
 
-    def report(self, loss: float) -> tuple[dict[str, float], str]:
-        """At a logged step: metrics beside `loss` and the throughput, and text for the end of the progress line."""
+    def report(self, loss: float, upto: int | None = None) -> tuple[dict[str, float], str]:
+        """At a logged step: metrics beside `loss` and the throughput, and text for the end of the progress line.
+        `upto` (logs_inside): the logged step is the last call's `upto`-th."""
         return {}, ""
 
     def end(self) -> None:
@@ -124,6 +129,15 @@ def run(job: Job, trainer: Trainer) -> Result:
     trainer.begin(step)
     epoch_loss = float("nan")
     stopped_early, recovered = False, 0
+
+    def log_step(epoch: int, done: int, loss: float, upto: int | None, rates: dict, logged: bool) -> None:
+        """Report a logged step. `rates`: the throughput of the window that ended with the call; logged to MLflow
+        (`logged`) with the call's last logged step only, shown on each of its progress lines."""
+        extra, suffix = trainer.report(loss, upto)
+        at = epoch * spe + done
+        job.reporter.log_metrics({"loss": loss, **extra, **(rates if logged else {}), **job.learning_rate(at)}, at)
+        progress.line(epoch, done, loss, rates, suffix)
+
     with stopping.StopGuard(job) as guard:
         epoch = step // spe
         while epoch < epochs and not stopped_early:
@@ -144,6 +158,7 @@ def run(job: Job, trainer: Trainer) -> Result:
                 if not (trainer.sync_every_call or due_log or due_ckpt or stopping.requested()):
                     continue
                 synced = trainer.sync()
+                before, counted_before = loss_sum, counted
                 for k, loss in synced:
                     loss_sum, counted = loss_sum + loss * k, counted + k
                 epoch_loss = loss_sum / counted
@@ -156,12 +171,18 @@ def run(job: Job, trainer: Trainer) -> Result:
                 check_loss(job, epoch_loss, step)
                 meter.tick(step)
                 progress.update(done, epoch_loss)
-                if due_log:
+                if trainer.logs_inside:  # every logged step of the call, each with the epoch's mean loss up to it
+                    start = done - n
+                    sums = list(itertools.accumulate((loss for _, loss in synced), initial=before))
+                    points = logged_steps(start, done, logged_at, every, spe)
+                    rates = meter.window() if points else {}
+                    for at in points:
+                        loss = sums[at - start] / (counted_before + at - start)
+                        log_step(epoch, at, loss, at - start, rates, logged=at == points[-1])
+                        logged_at = at
+                elif due_log:
                     logged_at = done
-                    rates = meter.window()
-                    extra, suffix = trainer.report(epoch_loss)
-                    job.reporter.log_metrics({"loss": epoch_loss, **extra, **rates, **job.learning_rate(step)}, step)
-                    progress.line(epoch, done, epoch_loss, rates, suffix)
+                    log_step(epoch, done, epoch_loss, None, meter.window(), logged=True)
                 if done == spe:
                     meter.pause()  # the checkpoint and the next epoch's start are not a step's time
                 if due_ckpt:

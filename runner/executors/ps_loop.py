@@ -76,7 +76,7 @@ class CoordinatorTrainer(loop.Trainer):
     def epoch_begin(self) -> None:
         reset(self.metrics)
 
-    def report(self, loss: float):
+    def report(self, loss: float, upto=None):
         by_worker = sorted(self.per_worker.items())
         metrics = {**replica_metrics([loss]), **{f"steps/worker_{w}": c for w, c in by_worker}, **results(self.metrics)}
         return metrics, " | steps per worker " + ", ".join(f"{w}:{c}" for w, c in by_worker)

@@ -117,3 +117,23 @@ def test_evaluate_still_runs_a_stream_of_unknown_size_at_one_step_per_call():
     with tf_private.one_step_per_call(model):
         model.evaluate(stream, verbose=0)
     assert int(getattr(model, tf_private.STEPS_PER_EXECUTION).numpy()) == 4 and not tf_private._warned
+
+
+def test_fit_still_counts_its_steps_and_reduces_replica_outputs_as_the_runners_train_function_does():
+    """runner.executors.fit's train function of its own (every step's logs handed back) reduces each step's replica
+    outputs with tf_keras' reduce_per_replica and counts the step in the model's train counter, as fit's own does."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from runner import tf_private
+
+    reduce = tf_private.reduce_per_replica()
+    assert callable(reduce), f"tf_keras {tf_private.REDUCE} is gone"
+    strategy = tf.distribute.get_strategy()
+    assert float(reduce(tf.constant(2.5), strategy, reduction="first")) == 2.5
+    model = tf_keras.Sequential([tf_keras.layers.Input((3,)), tf_keras.layers.Dense(2)])
+    model.compile(loss="mse", steps_per_execution=2)
+    model.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), batch_size=2, verbose=0)
+    assert int(getattr(model, tf_private.TRAIN_COUNTER).numpy()) == 2, f"tf_keras Model.{tf_private.TRAIN_COUNTER} moved"
+    assert not tf_private._warned

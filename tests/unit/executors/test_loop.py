@@ -86,7 +86,7 @@ class FakeTrainer(loop.Trainer):
     def __init__(self, steps_per_call, sync_every_call=True, losses=None):
         self.steps_per_call, self.sync_every_call = steps_per_call, sync_every_call
         self.losses = losses or {}
-        self.step, self.calls, self.syncs, self.pending = 0, [], [], []
+        self.step, self.calls, self.syncs, self.pending, self.reported = 0, [], [], [], []
 
     def train(self, num_steps):
         first = self.step + 1
@@ -99,7 +99,8 @@ class FakeTrainer(loop.Trainer):
         done, self.pending = self.pending, []
         return done
 
-    def report(self, loss):
+    def report(self, loss, upto=None):
+        self.reported.append(upto)
         return {"extra": 1.0}, ""
 
     def evaluate(self):
@@ -132,6 +133,31 @@ def test_calls_are_cut_at_epoch_ends_logged_on_cadence_and_synced_after_each_cal
     assert "throughput/window_examples_per_sec" in values
     assert (result.steps, result.final_loss, result.eval) == (20, pytest.approx(15.5), {"eval/loss": 0.5})
     assert job.reporter.logged[-1][0] == 20 and "time/train_sec" in job.reporter.logged[-1][1]
+
+
+class StepLosses(FakeTrainer):
+    """An inner loop that hands back each step's loss (the custom loop's): a call need not end at a logged step."""
+
+    logs_inside = True
+
+    def train(self, num_steps):
+        first = self.step + 1
+        super().train(num_steps)
+        self.pending[-1:] = [(1, float(s)) for s in range(first, self.step + 1)]
+
+
+def test_each_logged_step_inside_a_call_is_logged_after_it_with_the_epochs_mean_loss_up_to_it():
+    job = make_job(epochs=2, spe=10, every=4)
+    trainer = StepLosses(steps_per_call=9)
+    loop.run(job, trainer)
+    assert trainer.calls == [9, 1] * 2
+    logged = [(step, values) for step, values in job.reporter.logged if step != "delivered" and "loss" in values]
+    assert [step for step, _ in logged] == [4, 8, 10, 14, 18, 20]  # on the cadence, not at the calls' ends
+    means = [sum(range(1, 5)) / 4, sum(range(1, 9)) / 8, sum(range(1, 11)) / 10, sum(range(11, 15)) / 4]
+    assert [v["loss"] for _, v in logged[:4]] == pytest.approx(means)
+    assert trainer.reported == [4, 8, 1, 4, 8, 1]  # each logged step's place in its call
+    # the throughput window ends with a call: logged with its last logged step (the first call is warm-up)
+    assert ["throughput/window_examples_per_sec" in v for _, v in logged] == [False, False, True, False, True, True]
 
 
 def test_early_stopping_ends_training_at_the_epoch_it_decides_and_restores_the_best():

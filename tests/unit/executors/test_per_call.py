@@ -1,18 +1,22 @@
-"""train.steps_per_execution / steps_per_loop: auto ends a call at every logged step, checkpoint and epoch end."""
+"""train.steps_per_execution / steps_per_loop: auto ends a call at every checkpoint and epoch end, and at every logged step
+unless the executor logs the steps inside a call after it."""
 
 import pytest
 
 from runner.executors.per_call import AUTO_STEPS_CAP, steps_per_call, text
 
 
-def auto(log_every=10, spe=1000, ckpt=None, ps=False):
-    return steps_per_call("auto", log_every=log_every, steps_per_epoch=spe, checkpoint_every=ckpt, parameter_server=ps)
+def auto(log_every=10, spe=1000, ckpt=None, ps=False, inside=False):
+    return steps_per_call(
+        "auto", log_every=log_every, steps_per_epoch=spe, checkpoint_every=ckpt, parameter_server=ps, logs_inside=inside
+    )
 
 
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
         ({}, 10),  # the logging cadence
+        ({"inside": True}, AUTO_STEPS_CAP),  # unless the executor hands back every step's loss (the custom loop)
         ({"log_every": 1000}, AUTO_STEPS_CAP),  # a stop request waits at most the cap
         ({"spe": 4}, 2),  # no call crosses an epoch, and each epoch has two calls or more (the first is warm-up)
         ({"spe": 2}, 1),
