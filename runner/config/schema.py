@@ -119,12 +119,12 @@ class TrainConfig:
     # k micro-batches per update, gradients summed: the update of the whole global batch with a k-th of the activations
     # in memory at a time (runner.executors.accumulation); must divide train.global_batch_size
     accumulation_steps: int = ranged(1, ge=1)
-    # steps per tf.function call, fit's Model.compile(steps_per_execution=...) and the custom loop's; auto: as many as
-    # keep every logged step exact, up to AUTO_STEPS_CAP (runner.executors.per_call); a number wins
+    # steps per tf.function call, fit's Model.compile(steps_per_execution=...) and the custom loop's; auto: up to the
+    # next checkpoint or epoch end, at most AUTO_STEPS_CAP, each logged step exact (runner.executors.per_call); a number wins
     steps_per_execution: int | str = ranged("auto", ge=1, why="or auto (the default), which picks it")
     # the custom loop's steps per tf.function call (steps_per_execution is fit's)
     steps_per_loop: int | str = ranged("auto", ge=1, why="or auto (the default), which picks it")
-    # metrics (loss, per-replica losses, throughput) are logged to MLflow every this many steps
+    # metrics (loss, per-replica losses) are logged to MLflow every this many steps; throughput at most once a call
     log_every_n_steps: int = ranged(10, ge=1)
     mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
     # XLA for the training step: true or false; null: each Keras' own default (tf_keras fit and the custom loop: off;

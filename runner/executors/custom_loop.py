@@ -162,6 +162,7 @@ class InProcessTrainer(loop.Trainer):
 
     def epoch_begin(self) -> None:
         reset(self.metrics)
+        self.window = ShardWindow()  # an epoch's start, or a recovery's checkpoint: no step before it counts
 
     def report(self, loss: float, upto: int | None = None):
         found = replica_metrics(self.window.take(self.out[0] if upto is None else upto))

@@ -329,10 +329,12 @@ def _callbacks(
 
         def report_steps(self, step, logs):
             """Each logged step of the call that ended at `step` (`logs`: its last step's), from its own logs."""
-            steps = self.model.logs_of_steps(logs)
-            start, base = step - len(steps["loss"]), step - 1 - (step - 1) % spe  # the call's and the epoch's first step - 1
+            n = int(self.model.step_logs.shape[0])
+            start, base = step - n, step - 1 - (step - 1) % spe  # the call's and the epoch's first step - 1
             points = [base + p for p in logged_steps(start - base, step - base, self.logged_at - base, every, spe)]
-            rates = meter.window() if points else {}
+            if not points:  # no logged step in this call: its logs are not read
+                return
+            steps, rates = self.model.logs_of_steps(logs), meter.window()
             for p in points:
                 self.report(p, {k: v[p - start - 1] for k, v in steps.items()}, rates, logged=p == points[-1])
 

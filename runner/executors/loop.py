@@ -21,6 +21,7 @@ from runner.executors.base import (
     last_log_point,
     log,
     logged_steps,
+    loss_blown_up,
     progress_line,
     recover,
     training_ended,
@@ -163,21 +164,29 @@ def run(job: Job, trainer: Trainer) -> Result:
                     loss_sum, counted = loss_sum + loss * k, counted + k
                 epoch_loss = loss_sum / counted
                 worst = max((loss for _, loss in synced), key=lambda v: (v != v, v))  # NaN first: the one to catch
+                blown_at, inside = step, None
+                if trainer.logs_inside:  # each step's loss: the logged steps before a blow-up are logged, it is named
+                    start = done - n
+                    inside = list(itertools.accumulate((loss for _, loss in synced), initial=before))
+                    bad = next((i for i, (_, loss) in enumerate(synced) if loss_blown_up(job, loss)), None)
+                    if bad is not None:
+                        blown_at = step - n + bad + 1
+                        for at in logged_steps(start, start + bad, logged_at, every, spe):
+                            log_step(epoch, at, inside[at - start] / (counted_before + at - start), at - start, {}, False)
+                            logged_at = at
                 if due_ckpt and job.train.recovery.max_recoveries and not job.checkpoints.weights_finite():
                     worst = float("nan")  # a finite loss whose update made the weights NaN: not a checkpoint to keep
-                back = recover(job, worst, step, recovered)
+                back = recover(job, worst, blown_at, recovered)
                 if back is not None:
                     break
                 check_loss(job, epoch_loss, step)
                 meter.tick(step)
                 progress.update(done, epoch_loss)
-                if trainer.logs_inside:  # every logged step of the call, each with the epoch's mean loss up to it
-                    start = done - n
-                    sums = list(itertools.accumulate((loss for _, loss in synced), initial=before))
+                if inside is not None:  # every logged step of the call, each with the epoch's mean loss up to it
                     points = logged_steps(start, done, logged_at, every, spe)
                     rates = meter.window() if points else {}
                     for at in points:
-                        loss = sums[at - start] / (counted_before + at - start)
+                        loss = inside[at - start] / (counted_before + at - start)
                         log_step(epoch, at, loss, at - start, rates, logged=at == points[-1])
                         logged_at = at
                 elif due_log:

@@ -143,7 +143,7 @@ class StepLosses(FakeTrainer):
     def train(self, num_steps):
         first = self.step + 1
         super().train(num_steps)
-        self.pending[-1:] = [(1, float(s)) for s in range(first, self.step + 1)]
+        self.pending[-1:] = [(1, self.losses.get(s, float(s))) for s in range(first, self.step + 1)]
 
 
 def test_each_logged_step_inside_a_call_is_logged_after_it_with_the_epochs_mean_loss_up_to_it():
@@ -158,6 +158,13 @@ def test_each_logged_step_inside_a_call_is_logged_after_it_with_the_epochs_mean_
     assert trainer.reported == [4, 8, 1, 4, 8, 1]  # each logged step's place in its call
     # the throughput window ends with a call: logged with its last logged step (the first call is warm-up)
     assert ["throughput/window_examples_per_sec" in v for _, v in logged] == [False, False, True, False, True, True]
+
+
+def test_a_blow_up_inside_a_call_is_named_at_its_step_after_the_logged_steps_before_it():
+    job = make_job(epochs=1, spe=20, every=4, checkpoints=Restorable())
+    with pytest.raises(TrainingError, match="became nan by step 14"):
+        loop.run(job, StepLosses(steps_per_call=10, losses={14: math.nan}))
+    assert [step for step, values in job.reporter.logged if "loss" in values] == [4, 8, 12]  # not 16 nor 20
 
 
 def test_early_stopping_ends_training_at_the_epoch_it_decides_and_restores_the_best():
