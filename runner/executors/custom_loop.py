@@ -26,7 +26,8 @@ def step_losses(job: Job):
       its shard's mean loss: no op on the replicas beyond the guide's step (a sync-on-read write or a gather in
       each replica's step measurably slowed it). Otherwise each replica also returns its shard's mean loss,
       stacked the same way.
-    - Several workers: gathered across workers in every step (the chief needs the other workers' losses).
+    - Several workers: each replica returns its shard's mean loss too, and the steps' values cross workers once a
+      call (losses is None: worker_table_loop), not in every step.
 
     Chosen here, outside the tf.function, and not converted by AutoGraph (plain TensorFlow ops, no tensor-
     dependent Python): converting these branches inside the loop made tracing measurably slower.
@@ -51,11 +52,7 @@ def step_losses(job: Job):
 
         scale, with_shard = float(replicas), False
     elif job.multi_worker:
-
-        def losses(out):
-            return total_of(out[0]), strategy.gather(out[1], axis=0)
-
-        scale, with_shard = 1.0, True
+        return None, 1.0, True
     else:
 
         def losses(out):
@@ -63,6 +60,40 @@ def step_losses(job: Job):
 
         scale, with_shard = 1.0, True
     return tf.autograph.experimental.do_not_convert(losses), scale, with_shard
+
+
+def worker_table_loop(job: Job, replica_step, take, most_steps: int):
+    """The training loop of several workers: (each step's loss, its shard losses, steps x replicas), as the one
+    worker's loop returns them, with one collective a call instead of a reduce and a gather in every step (a step's
+    collectives cost more than the model's math on a small model). Each replica writes its step's (share of the loss,
+    shard loss) into its own column of a sync-on-read table (its local copy: no collective); reading the table after
+    the call sums the copies across workers, which holds every replica's column."""
+    import tensorflow as tf
+
+    strategy, replicas = job.strategy, job.strategy.num_replicas_in_sync
+    with strategy.scope():
+        table = tf.Variable(
+            tf.zeros([most_steps, replicas, 2]),
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+
+    @tf.autograph.experimental.do_not_convert
+    def record(inputs, i):
+        share, shard = replica_step(inputs)
+        at = [[i, tf.distribute.get_replica_context().replica_id_in_sync_group]]
+        row = tf.stack([tf.cast(share, tf.float32), tf.reshape(tf.cast(shard, tf.float32), [])])
+        table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, [row]))  # this replica's copy
+
+    @tf.function
+    def train_loop(iterator, num_steps):
+        for i in tf.range(num_steps):
+            strategy.run(record, args=(take(iterator), i))
+        rows = table.read_value()[:num_steps]  # summed across workers: one collective
+        return tf.reduce_sum(rows[:, :, 0], axis=1), rows[:, :, 1]
+
+    return train_loop
 
 
 class ShardWindow:
@@ -120,7 +151,7 @@ class InProcessTrainer(loop.Trainer):
         take = next if self.resident is None else self.resident.take
 
         @tf.function
-        def train_loop(iterator, num_steps):
+        def one_worker_loop(iterator, num_steps):
             """Each of num_steps steps' loss, and its shard losses (steps x replicas)."""
             steps = tf.TensorArray(tf.float32, size=num_steps)
             shards = tf.TensorArray(tf.float32, size=num_steps, element_shape=[replicas])
@@ -133,7 +164,8 @@ class InProcessTrainer(loop.Trainer):
         def eval_step(inputs):
             strategy.run(eval_update, args=(inputs,))
 
-        self.run_loop, self.eval_step = concrete_per_iterator(train_loop), eval_step
+        loop = one_worker_loop if losses_of else worker_table_loop(job, replica_step, take, self.steps_per_call)
+        self.run_loop, self.eval_step = concrete_per_iterator(loop), eval_step
         self.replicas, self.progress = job.replicas, job.progress
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "

@@ -41,6 +41,7 @@ def _replica_loss_model(
     strip_ids,
     accumulation_steps: int,
     stepwise=None,
+    table_rows: int = 0,
 ):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
@@ -54,6 +55,9 @@ def _replica_loss_model(
 
     `stepwise` (tf_keras' reduce_per_replica, or None): the train function hands back every step's logs of a call
     beside the last step's (`step_logs`), so that the logged steps inside a call are reported after it.
+    `table_rows` (several workers, stepwise, no XLA): the most steps a call runs; each replica keeps its shard losses
+    in its own column of a sync-on-read table, summed across workers once a call (`step_rows`), instead of an
+    all-gather in every step.
     """
     import tensorflow as tf
     import tf_keras
@@ -67,6 +71,7 @@ def _replica_loss_model(
             self.inner = inner
             self.resume_step = initial_step
             self.step_logs = None  # stepwise: the last call's logs of each step, flattened (steps x values)
+            self.step_rows = None  # table_rows: the last call's shard losses (steps x replicas)
 
         def replica_losses(self, logs):
             """Every replica's shard loss at the last step, in replica order."""
@@ -131,7 +136,8 @@ def _replica_loss_model(
             return self.train_function
 
         def split(self, out):
-            last, self.step_logs = out
+            last, self.step_logs, rows = out
+            self.step_rows = rows if table_rows else None
             return last
 
         def logs_of_steps(self, last):
@@ -141,18 +147,33 @@ def _replica_loss_model(
                 size = int(np.prod(t.shape))
                 out.append(rows[:, at : at + size].reshape((len(rows), *t.shape)))
                 at += size
-            return nest.pack_sequence_as(last, out)
+            steps = nest.pack_sequence_as(last, out)
+            if self.step_rows is not None:
+                steps["replica_losses"] = self.step_rows.numpy()
+            return steps
 
         def stepwise_train_function(self):
             """Model.fit's train function of several steps per call (tf_keras' make_train_function), which also
             hands back every step's logs: (the last step's, each step's stacked)."""
-            strategy, nest = self.distribute_strategy, tf.nest
+            strategy, nest, table = self.distribute_strategy, tf.nest, None
+            if table_rows:
+                with strategy.scope():  # not an attribute: no weight of the model's
+                    table = tf.Variable(
+                        tf.zeros([table_rows, strategy.num_replicas_in_sync]),
+                        trainable=False,
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.SUM,
+                    )
 
             # Not converted by AutoGraph, as fit's own step function is not (it lives in tf_keras): converting the
             # train step doubled the first call's tracing. Keras converts each layer's call itself.
             @tf.autograph.experimental.do_not_convert
-            def run_step(data):
+            def run_step(data, i):
                 outputs = self.train_step(data)
+                if table is not None:  # this replica's column of its own copy: no collective in the step
+                    at = [[i, tf.distribute.get_replica_context().replica_id_in_sync_group]]
+                    shard = tf.reshape(outputs.pop("replica_losses"), [1])
+                    table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, shard))
                 with tf.control_dependencies(nest.flatten(outputs)):  # counted only when the step ran
                     getattr(self, tf_private.TRAIN_COUNTER).assign_add(1)
                 return outputs
@@ -161,8 +182,8 @@ def _replica_loss_model(
                 run_step = tf.function(run_step, jit_compile=True, reduce_retracing=True)
 
             @tf.autograph.experimental.do_not_convert
-            def one_step(iterator):
-                outputs = strategy.run(run_step, args=(next(iterator),))
+            def one_step(iterator, i):
+                outputs = strategy.run(run_step, args=(next(iterator), i))
                 return stepwise(outputs, strategy, reduction=self.distribute_reduction_method)
 
             @tf.autograph.experimental.do_not_convert
@@ -175,9 +196,10 @@ def _replica_loss_model(
                 n = tf.cast(getattr(self, tf_private.STEPS_PER_EXECUTION), tf.int32)
                 steps = tf.TensorArray(tf.float32, size=n, element_shape=[None])
                 for i in tf.range(n):
-                    logs = one_step(iterator)  # first made in the loop, as fit's own train function does
+                    logs = one_step(iterator, i)  # first made in the loop, as fit's own train function does
                     steps = steps.write(i, flat(logs))
-                return logs, steps.stack()
+                rows = table.read_value()[:n] if table is not None else tf.zeros([0])  # across workers: one collective
+                return logs, steps.stack(), rows
 
             self.train_tf_function = train_function
             return train_function
@@ -198,9 +220,9 @@ def _replica_loss_model(
                 shard = tf.cast(shard, tf.float32)
             if local:
                 shard_losses.write(shard)
-            elif gather and replicas > 1:
+            elif gather and replicas > 1 and not table_rows:
                 logs["replica_losses"] = tf.distribute.get_replica_context().all_gather(tf.reshape(shard, [1]), axis=0)
-            else:  # parameter_server has one replica per step, and one replica has nothing to gather
+            else:  # parameter_server: one replica per step; one replica: nothing to gather; table_rows: run_step's
                 logs["replica_losses"] = shard
             return logs
 
@@ -390,6 +412,7 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: boo
             job.data.strip_ids if held is None else held.gather,
             job.train.accumulation_steps,
             tf_private.reduce_per_replica() if stepwise else None,
+            per_execution if stepwise and job.multi_worker and not job.train.jit_compile else 0,
         )
         own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         model.compile(
