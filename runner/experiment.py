@@ -184,7 +184,7 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     from runner.config.model_defaults import inherited_model_keys
     from runner.control.trial_report import TrialReport
     from runner.executors.accumulation import warn_batch_norm
-    from runner.executors.base import Job, done_line, nothing_left
+    from runner.executors.base import Job, done_line, earlier_rate, nothing_left
     from runner.executors.checkpoints import Checkpoints
     from runner.executors.early_stopping import watch_for
     from runner.executors.profiling import Profile
@@ -292,6 +292,8 @@ def _train(cfg, tf, devices, cluster, run, sentinel, chosen) -> dict:
     result = build_executor(cfg.executor)(job)
     if not phases.trained():  # resumed at the last step: the end's figures are the earlier attempt's
         result = nothing_left(result, run, cfg.train.global_batch_size, strategy.num_replicas_in_sync)
+    elif result.examples_per_sec is None:  # resumed within a call of the end: its rate is the earlier attempts'
+        result = earlier_rate(result, run, cfg.train.global_batch_size, strategy.num_replicas_in_sync)
     job.profile.log_to(run)
     if cfg.save_model and saves and cfg.output_dir:
         path = layout.model_path(cfg.output_dir)

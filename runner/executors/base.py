@@ -255,6 +255,20 @@ def nothing_left(result: Result, run, global_batch_size: int, replicas: int) -> 
     return Result(result.steps, final, result.eval, rate, summary)
 
 
+def earlier_rate(result: Result, run, global_batch_size: int, replicas: int) -> Result:
+    """An attempt that resumed within one call of the run's end timed no step after its first call (warm-up,
+    tracing): the run's summary/ throughput is then the one its earlier attempts' windows give (`run.earlier`), logged
+    at its last step, as for an attempt with nothing left to train. Unchanged when none was logged."""
+    earlier = getattr(run, "earlier", None) or {}
+    summary = windows_summary(earlier.get("windows") or [], global_batch_size, replicas)
+    if not summary:
+        return result
+    log.info("this attempt timed only its first call: the run's throughput is the one its earlier attempts logged")
+    run.log_end(summary, result.steps)
+    rate = summary["summary/examples_per_sec"]
+    return Result(result.steps, result.final_loss, result.eval, rate, {**result.summary, **summary})
+
+
 def windows_summary(windows: Sequence, global_batch_size: int, replicas: int) -> dict[str, float]:
     """summary/ figures from the throughput windows a run logged, [step, examples/s] each: the examples over the
     time they took (each window's steps at its own rate), as Throughput.summary gives them from its clock."""

@@ -143,9 +143,10 @@ def _replica_loss_model(
         def logs_of_steps(self, last):
             """The last call's logs of each step, {name: steps x value}, laid out as `last` (its last step's logs)."""
             rows, nest, at, out = self.step_logs.numpy(), tf.nest, 0, []
-            for t in nest.flatten(last):
-                size = int(np.prod(t.shape))
-                out.append(rows[:, at : at + size].reshape((len(rows), *t.shape)))
+            for t in nest.flatten(last):  # tensors, or numbers where another callback had Keras copy them
+                shape = tuple(np.shape(t))
+                size = int(np.prod(shape))
+                out.append(rows[:, at : at + size].reshape((len(rows), *shape)))
                 at += size
             steps = nest.pack_sequence_as(last, out)
             if self.step_rows is not None:

@@ -66,11 +66,15 @@ def test_logged_times_match_the_process_clock(executor, store, tmp_path):
     # what comes after the last step inside them (the input pipeline's teardown).
     training = phases["first step"] + phases["train"]
     assert m["time/first_step_sec"] < m["time/train_sec"] <= training + 2 * TOL
-    # summary/examples_per_sec: the examples of steps 2..N over the time from the end of step 1 to the end of
-    # step N. That time lies within time/train_sec less the first step: the rate is neither inflated nor diluted.
-    timed = (STEPS - 1) * BATCH / m["summary/examples_per_sec"]
+    # summary/examples_per_sec: the examples of the steps after the first call over the time from the end of that
+    # call to the end of step N. That time lies within time/train_sec less the first call: the rate is neither
+    # inflated nor diluted.
+    first_call = int(re.search(r"\((\d+) per tf\.function call", result.output).group(1))
+    timed = (STEPS - first_call) * BATCH / m["summary/examples_per_sec"]
     after_first = m["time/train_sec"] - m["time/first_step_sec"]
-    assert 0.8 * after_first <= timed <= after_first + TOL, (timed, after_first)
+    # Below it by what follows the last step inside time/train_sec (the epoch's end in Keras, tens of ms): a fifth of
+    # it, or 50 ms where the steps after the first call are that short (300 steps of 100 a call: about 50 ms here).
+    assert min(0.8 * after_first, after_first - 0.05) <= timed <= after_first + TOL, (timed, after_first)
     assert m["summary/examples_per_sec_per_replica"] == pytest.approx(m["summary/examples_per_sec"])
 
 

@@ -60,3 +60,18 @@ def test_the_summary_from_logged_windows_is_the_meters_own_when_windows_are_whol
     for key in ("summary/examples_per_sec", "summary/examples_per_sec_per_replica", "summary/step_time_ms"):
         assert rebuilt[key] == pytest.approx(own[key])
     assert base.windows_summary([], 10, 2) == {}
+
+
+def test_an_attempt_that_timed_only_its_first_call_reports_the_earlier_attempts_rate():
+    """Resumed within one call of the end (a search's killed trial went on at step 560 of 600, 40 steps a call), an
+    attempt times no step after its warm-up: its summary/ rate is the earlier attempts' windows', logged at the end."""
+    from types import SimpleNamespace
+
+    logged = []
+    run = SimpleNamespace(earlier={"windows": [[20, 1000.0], [40, 1000.0]]}, log_end=lambda v, s: logged.append((s, v)))
+    result = base.earlier_rate(base.Result(600, 0.5, {"eval/loss": 0.4}), run, 10, 2)
+    assert result.examples_per_sec == pytest.approx(1000.0) and result.summary["summary/examples_per_sec_per_replica"] == 500
+    assert result.eval == {"eval/loss": 0.4} and result.final_loss == 0.5  # this attempt's own
+    assert logged == [(600, result.summary)]
+    alone = base.Result(600, 0.5)
+    assert base.earlier_rate(alone, SimpleNamespace(earlier=None), 10, 2) is alone  # nothing earlier: nothing made up
