@@ -12,6 +12,7 @@ from runner.control import teardown
 from runner.executors import loop, per_call, resident
 from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator
+from runner.executors.replica_losses import WorkerTable
 from runner.executors.replica_step import make_replica_step
 
 
@@ -67,30 +68,23 @@ def worker_table_loop(job: Job, replica_step, take, most_steps: int):
     worker's loop returns them, with one collective a call instead of a reduce and a gather in every step (a step's
     collectives cost more than the model's math on a small model). Each replica writes its step's (share of the loss,
     shard loss) into its own column of a sync-on-read table (its local copy: no collective); reading the table after
-    the call sums the copies across workers, which holds every replica's column."""
+    the call sums the copies across workers, which holds every replica's column (replica_losses.WorkerTable)."""
     import tensorflow as tf
 
-    strategy, replicas = job.strategy, job.strategy.num_replicas_in_sync
+    strategy = job.strategy
     with strategy.scope():
-        table = tf.Variable(
-            tf.zeros([most_steps, replicas, 2]),
-            trainable=False,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
-        )
+        table = WorkerTable(strategy, most_steps, width=2)
 
     @tf.autograph.experimental.do_not_convert
     def record(inputs, i):
         share, shard = replica_step(inputs)
-        at = [[i, tf.distribute.get_replica_context().replica_id_in_sync_group]]
-        row = tf.stack([tf.cast(share, tf.float32), tf.reshape(tf.cast(shard, tf.float32), [])])
-        table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, [row]))  # this replica's copy
+        table.write(i, tf.stack([tf.cast(share, tf.float32), tf.reshape(tf.cast(shard, tf.float32), [])]))
 
     @tf.function
     def train_loop(iterator, num_steps):
         for i in tf.range(num_steps):
             strategy.run(record, args=(take(iterator), i))
-        rows = table.read_value()[:num_steps]  # summed across workers: one collective
+        rows = table.read(num_steps)
         return tf.reduce_sum(rows[:, :, 0], axis=1), rows[:, :, 1]
 
     return train_loop

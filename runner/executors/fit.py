@@ -27,7 +27,7 @@ from runner.executors.base import (
 )
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
-from runner.executors.replica_losses import ShardLosses
+from runner.executors.replica_losses import ShardLosses, WorkerTable
 from runner.tracking import phases
 
 
@@ -159,12 +159,7 @@ def _replica_loss_model(
             strategy, nest, table = self.distribute_strategy, tf.nest, None
             if table_rows:
                 with strategy.scope():  # not an attribute: no weight of the model's
-                    table = tf.Variable(
-                        tf.zeros([table_rows, strategy.num_replicas_in_sync]),
-                        trainable=False,
-                        synchronization=tf.VariableSynchronization.ON_READ,
-                        aggregation=tf.VariableAggregation.SUM,
-                    )
+                    table = WorkerTable(strategy, table_rows)
 
             # Not converted by AutoGraph, as fit's own step function is not (it lives in tf_keras): converting the
             # train step doubled the first call's tracing. Keras converts each layer's call itself.
@@ -172,9 +167,7 @@ def _replica_loss_model(
             def run_step(data, i):
                 outputs = self.train_step(data)
                 if table is not None:  # this replica's column of its own copy: no collective in the step
-                    at = [[i, tf.distribute.get_replica_context().replica_id_in_sync_group]]
-                    shard = tf.reshape(outputs.pop("replica_losses"), [1])
-                    table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, shard))
+                    table.write(i, tf.reshape(outputs.pop("replica_losses"), []))
                 with tf.control_dependencies(nest.flatten(outputs)):  # counted only when the step ran
                     getattr(self, tf_private.TRAIN_COUNTER).assign_add(1)
                 return outputs
@@ -199,7 +192,7 @@ def _replica_loss_model(
                 for i in tf.range(n):
                     logs = one_step(iterator, i)  # first made in the loop, as fit's own train function does
                     steps = steps.write(i, flat(logs))
-                rows = table.read_value()[:n] if table is not None else tf.zeros([0])  # across workers: one collective
+                rows = table.read(n) if table is not None else tf.zeros([0])  # across workers: one collective
                 return logs, steps.stack(), rows
 
             self.train_tf_function = train_function

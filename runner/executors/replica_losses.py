@@ -1,5 +1,6 @@
-"""loss/replica_<i> for Model.fit on one worker with several replicas: each replica keeps its last shard loss
-on its own device.
+"""Per-replica values without a collective in every step. ShardLosses: loss/replica_<i> for Model.fit on one worker
+with several replicas, each replica keeping its last shard loss on its own device. WorkerTable: several workers, each
+step's values of every replica, crossing workers once a call (both executors).
 
 The step writes one scalar per replica, locally, with no cross-device op; the host reads the copies only when
 metrics are logged. (An all-gather in every step made MirroredStrategy's step much slower: docs/dev/benchmarks.md. The
@@ -52,3 +53,32 @@ class ShardLosses:
         """Every replica's last written shard loss, in replica order."""
         held = self.copies if self.synced is None else self.strategy.experimental_local_results(self.synced)
         return [float(v.numpy()) for v in held]
+
+
+class WorkerTable:
+    """Several workers: each step's values of every replica, crossing workers once a call instead of in every step.
+    Each replica writes its row into its own column of a sync-on-read table (its local copy: no collective); reading
+    it after the call sums the copies across workers, which then holds every replica's column. Made in
+    strategy.scope(); write(i, values) in replica context, read(n) in the call's cross-replica part."""
+
+    def __init__(self, strategy, steps: int, width: int = 1):
+        import tensorflow as tf
+
+        self.tf = tf
+        shape = [steps, strategy.num_replicas_in_sync] + ([width] if width > 1 else [])
+        self.table = tf.Variable(
+            tf.zeros(shape),
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+
+    def write(self, i, values) -> None:
+        """Step i's values of this replica (a scalar, or `width` of them), into this replica's own copy."""
+        tf, table = self.tf, self.table
+        at = [[i, tf.distribute.get_replica_context().replica_id_in_sync_group]]
+        table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, [tf.cast(values, tf.float32)]))
+
+    def read(self, n):
+        """The first n steps' rows, every replica's (steps x replicas [x width]): one collective."""
+        return self.table.read_value()[:n]
