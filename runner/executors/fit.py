@@ -42,6 +42,7 @@ def _replica_loss_model(
     accumulation_steps: int,
     stepwise=None,
     table_rows: int = 0,
+    metric_count: int = 0,
 ):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
@@ -55,14 +56,20 @@ def _replica_loss_model(
 
     `stepwise` (tf_keras' reduce_per_replica, or None): the train function hands back every step's logs of a call
     beside the last step's (`step_logs`), so that the logged steps inside a call are reported after it.
-    `table_rows` (several workers, stepwise, no XLA): the most steps a call runs; each replica keeps its shard losses
-    in its own column of a sync-on-read table, summed across workers once a call (`step_rows`), instead of an
-    all-gather in every step.
+    `table_rows` (stepwise over several replicas, no XLA): the most steps a call runs; each replica keeps its shard
+    loss and its metrics' sums (a Reduce metric's total and count, read from its own copy) in its own column of a
+    sync-on-read table, summed across replicas and workers once a call (`step_rows`), instead of an all-gather of the
+    shard losses and a merge of every metric in every step: each step's results are the sums' (total / count), as
+    the metric's own result() computes them.
     """
     import tensorflow as tf
     import tf_keras
 
     local = shard_losses is not None
+    metric_slots = metric_count + 1  # the loss's mean and the compiled metrics'
+    Mean, Sum = tf_keras.metrics.Mean, tf_keras.metrics.Sum  # the metrics whose result is their sums'
+    reductions = []  # table_rows: (name, is a sum) of each metric, when the table carries their sums (found in tracing)
+
     strip_ids = tf.autograph.experimental.do_not_convert(strip_ids)  # (x, y): record ids ride along only when debugging
 
     class ReplicaLossModel(tf_private.ResumeInsideEpoch, tf_keras.Model):  # resumes at initial_step, inside an epoch too
@@ -112,6 +119,30 @@ def _replica_loss_model(
             self.optimizer.apply_gradients(zip(grads, variables))
             return loss, mean
 
+        def metric_sums(self):
+            """table_rows: {"sums": each metric's (total, count) in this replica's own copy}, read with no collective,
+            when every metric is a Reduce one (a mean or a sum, as the loss and the built-in accuracy are); else the
+            metrics' results as fit's own step gives them (a merge of every metric in every step)."""
+            metrics = self.metrics
+            if len(metrics) > metric_slots or not all(isinstance(m, (Mean, Sum)) for m in metrics):
+                reductions.clear()
+                return dict(self.get_metrics_result())
+            reductions[:] = [(m.name, isinstance(m, Sum)) for m in metrics]
+            values = [v for m in metrics for v in (m.total, 0.0 if isinstance(m, Sum) else m.count)]
+            values += [0.0] * (2 * metric_slots - len(values))
+            return {"sums": tf.stack([tf.cast(v, tf.float32) for v in values])}
+
+        def results_of(self, rows):
+            """(the last step's logs, each step's logs flattened as logs_of_steps reads them) from the table's rows
+            (steps x replicas x (shard loss, each metric's total and count)): every replica's sums added up."""
+            sums = tf.reduce_sum(rows[:, :, 1:], axis=1)
+            values = {}
+            for j, (name, is_sum) in enumerate(reductions):
+                total, count = sums[:, 2 * j], sums[:, 2 * j + 1]
+                values[name] = total if is_sum else tf.math.divide_no_nan(total, count)
+            last = {name: v[-1] for name, v in values.items()}
+            return last, tf.stack([values[name] for name in sorted(values)], axis=1)  # tf.nest's order of a dict
+
         def shard_loss(self, loss, y, y_pred, sample_weight):
             """This replica's mean loss over its batch, from the step's loss where that can be undone."""
             if sample_weight is not None:
@@ -159,7 +190,7 @@ def _replica_loss_model(
             strategy, nest, table = self.distribute_strategy, tf.nest, None
             if table_rows:
                 with strategy.scope():  # not an attribute: no weight of the model's
-                    table = WorkerTable(strategy, table_rows)
+                    table = WorkerTable(strategy, table_rows, width=1 + 2 * metric_slots)
 
             # Not converted by AutoGraph, as fit's own step function is not (it lives in tf_keras): converting the
             # train step doubled the first call's tracing. Keras converts each layer's call itself.
@@ -167,8 +198,11 @@ def _replica_loss_model(
             def run_step(data, i):
                 outputs = self.train_step(data)
                 if table is not None:  # this replica's column of its own copy: no collective in the step
-                    table.write(i, tf.reshape(outputs.pop("replica_losses"), []))
+                    shard = tf.reshape(outputs.pop("replica_losses"), [1])
+                    sums = outputs.pop("sums", tf.zeros([2 * metric_slots]))
+                    outputs["written"] = table.write(i, tf.concat([shard, sums], 0))
                 with tf.control_dependencies(nest.flatten(outputs)):  # counted only when the step ran
+                    outputs.pop("written", None)
                     getattr(self, tf_private.TRAIN_COUNTER).assign_add(1)
                 return outputs
 
@@ -180,20 +214,34 @@ def _replica_loss_model(
                 outputs = strategy.run(run_step, args=(next(iterator), i))
                 return stepwise(outputs, strategy, reduction=self.distribute_reduction_method)
 
+            spec = []  # a step's logs: their structure and each one's shape, found while the step is traced
+
             @tf.autograph.experimental.do_not_convert
             def flat(logs):  # one vector a step (an array's element shape is fixed before the first step's logs exist)
-                return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in nest.flatten(logs)], 0)
+                values = [tf.cast(t, tf.float32) for t in nest.flatten(logs)]
+                spec[:] = [logs, [v.shape for v in values]]
+                return tf.concat([tf.zeros([0]), *(tf.reshape(v, [-1]) for v in values)], 0)
+
+            @tf.autograph.experimental.do_not_convert
+            def unflat(row):  # a step's logs from its vector
+                logs, shapes = spec
+                parts = tf.split(row, [s.num_elements() for s in shapes]) if shapes else []
+                return nest.pack_sequence_as(logs, [tf.reshape(p, s) for p, s in zip(parts, shapes)])
 
             @tf.function(reduce_retracing=True)
             def train_function(iterator):
                 # fit cuts the epoch's last call to what is left of it
                 n = tf.cast(getattr(self, tf_private.STEPS_PER_EXECUTION), tf.int32)
                 steps = tf.TensorArray(tf.float32, size=n, element_shape=[None])
-                for i in tf.range(n):
-                    logs = one_step(iterator, i)  # first made in the loop, as fit's own train function does
-                    steps = steps.write(i, flat(logs))
-                rows = table.read(n) if table is not None else tf.zeros([0])  # across workers: one collective
-                return logs, steps.stack(), rows
+                for i in tf.range(n):  # only the steps' vectors cross iterations: their logs may be empty (sums)
+                    steps = steps.write(i, flat(one_step(iterator, i)))
+                steps = steps.stack()
+                if table is None:
+                    return unflat(steps[-1]), steps, tf.zeros([0])
+                rows = table.read(n)  # summed over replicas and workers: one collective
+                if not reductions:  # the metrics are not sums: their results came with each step
+                    return unflat(steps[-1]), steps, rows[:, :, 0]
+                return (*self.results_of(rows), rows[:, :, 0])
 
             self.train_tf_function = train_function
             return train_function
@@ -202,13 +250,17 @@ def _replica_loss_model(
             x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(strip_ids(data))
             if accumulation_steps > 1:
                 loss, shard = self.accumulate(x, y, sample_weight)
-                logs = dict(self.get_metrics_result())
+                logs = self.metric_sums() if table_rows else dict(self.get_metrics_result())
             else:
                 with tf.GradientTape() as tape:
                     y_pred = self(x, training=True)
                     loss = self.compute_loss(x, y, y_pred, sample_weight)
                 self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-                logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
+                if table_rows:
+                    self.compiled_metrics.update_state(y, y_pred, sample_weight)
+                    logs = self.metric_sums()
+                else:
+                    logs = dict(self.compute_metrics(x, y, y_pred, sample_weight))
                 shard = self.shard_loss(loss, y, y_pred, sample_weight)
             if shard.dtype != tf.float32:
                 shard = tf.cast(shard, tf.float32)
@@ -393,9 +445,13 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: boo
 
     tf_private.ResumeInsideEpoch.check()
     gather = not job.parameter_server
-    shard_losses = ShardLosses(job.strategy) if gather and job.replicas > 1 and not job.multi_worker else None
+    table_rows = per_execution if stepwise and job.replicas > 1 and not job.train.jit_compile else 0
+    one_worker = gather and job.replicas > 1 and not job.multi_worker
+    shard_losses = ShardLosses(job.strategy) if one_worker and not table_rows else None
     held = resident.Resident(job.data) if resident.usable(job) else None
     with job.strategy.scope():
+        own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
+        metrics = [*build_metrics(job.loss), *own]
         model = _replica_loss_model(
             job.model,
             build_loss(job.loss, tf_keras.losses.Reduction.NONE),
@@ -406,13 +462,13 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: boo
             job.data.strip_ids if held is None else held.gather,
             job.train.accumulation_steps,
             tf_private.reduce_per_replica() if stepwise else None,
-            per_execution if stepwise and job.multi_worker and not job.train.jit_compile else 0,
+            table_rows,
+            len(metrics),
         )
-        own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         model.compile(
             optimizer=job.optimizer,
             loss=build_loss(job.loss),
-            metrics=[*build_metrics(job.loss), *own],
+            metrics=metrics,
             steps_per_execution=per_execution,
             jit_compile=bool(job.train.jit_compile),
         )
@@ -466,10 +522,16 @@ def _keras3_fit(job: Job, initial_step: int, per_execution: int, stepwise: bool)
 def stepwise_logs(job: Job) -> bool:
     """Whether a tf_keras fit hands back every step's logs, so that auto steps per call need not end at logged steps:
     not under parameter_server (a closure per step), nor where what is logged is read at the end of a call only
-    (each replica's shard loss on its own device, train.metrics' per-replica copies), nor with the user's own
-    callbacks (they keep seeing a batch end at every logged step), nor without tf_keras' reduce_per_replica."""
-    if job.parameter_server or (job.replicas > 1 and not job.multi_worker) or job.metrics:
+    (train.metrics' per-replica copies; each replica's shard loss on its own device under XLA, or in the one variable
+    CentralStorageStrategy makes of a per-replica one), nor with the user's own callbacks (they keep seeing a batch
+    end at every logged step), nor without tf_keras' reduce_per_replica."""
+    import tensorflow as tf
+
+    if job.parameter_server or job.metrics:
         return False
+    if job.replicas > 1 and not job.multi_worker:
+        if job.train.jit_compile or isinstance(job.strategy, tf.distribute.experimental.CentralStorageStrategy):
+            return False
     return not job.executor.get("callbacks") and tf_private.reduce_per_replica() is not None
 
 

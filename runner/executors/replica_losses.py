@@ -1,6 +1,7 @@
 """Per-replica values without a collective in every step. ShardLosses: loss/replica_<i> for Model.fit on one worker
-with several replicas, each replica keeping its last shard loss on its own device. WorkerTable: several workers, each
-step's values of every replica, crossing workers once a call (both executors).
+with several replicas where a call ends at each logged step, each replica keeping its last shard loss on its own
+device. WorkerTable: each step's values of every replica, summed across replicas and workers once a call (the custom
+loop over several workers; fit over several replicas, with its metrics' sums).
 
 The step writes one scalar per replica, locally, with no cross-device op; the host reads the copies only when
 metrics are logged. (An all-gather in every step made MirroredStrategy's step much slower: docs/dev/benchmarks.md. The
@@ -56,10 +57,11 @@ class ShardLosses:
 
 
 class WorkerTable:
-    """Several workers: each step's values of every replica, crossing workers once a call instead of in every step.
+    """Each step's values of every replica, crossing replicas and workers once a call instead of in every step.
     Each replica writes its row into its own column of a sync-on-read table (its local copy: no collective); reading
-    it after the call sums the copies across workers, which then holds every replica's column. Made in
-    strategy.scope(); write(i, values) in replica context, read(n) in the call's cross-replica part."""
+    it after the call sums the copies, which then holds every replica's column. Not under CentralStorageStrategy (one
+    variable for all replicas there). Made in strategy.scope(); write(i, values) in replica context, read(n) in the
+    call's cross-replica part."""
 
     def __init__(self, strategy, steps: int, width: int = 1):
         import tensorflow as tf
@@ -73,11 +75,11 @@ class WorkerTable:
             aggregation=tf.VariableAggregation.SUM,
         )
 
-    def write(self, i, values) -> None:
-        """Step i's values of this replica (a scalar, or `width` of them), into this replica's own copy."""
+    def write(self, i, values):
+        """Step i's values of this replica (a scalar, or `width` of them), into this replica's own copy: the write."""
         tf, table = self.tf, self.table
         at = [[i, tf.distribute.get_replica_context().replica_id_in_sync_group]]
-        table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, [tf.cast(values, tf.float32)]))
+        return table.assign(tf.tensor_scatter_nd_update(table.read_value(), at, [tf.cast(values, tf.float32)]))
 
     def read(self, n):
         """The first n steps' rows, every replica's (steps x replicas [x width]): one collective."""

@@ -76,6 +76,16 @@ def test_mwms_workers_agree_and_match_a_single_process(runs, runner, executor):
     assert {"loss/replica_0", "loss/replica_1"} <= set(run.data.metrics)
     assert "throughput/window_examples_per_sec" in run.data.metrics
     assert len(client.get_metric_history(run.info.run_id, "loss/replica_1")) == 16  # logged once, by the chief
+    # each logged step's epoch-mean loss (and fit's accuracy) is the single process's: under fit, summed from every
+    # replica's metric totals and counts once a call (no merge in the step), with 2 micro-batches a step
+    _, reference = mlflow_run_by_name(runner.uri, EXPERIMENT, f"reference-{executor}")
+    for key in ["loss", "accuracy"] if executor == "fit" else ["loss"]:
+        got, want = (
+            [m.value for m in sorted(client.get_metric_history(r.info.run_id, key), key=lambda m: m.step)]
+            for r in (run, reference)
+        )
+        assert len(got) == 16
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=key)
     last = result.output.strip().splitlines()[-1]  # said once, by the launcher, after the run ended
     assert f"outputs in {result.run_dir}; MLflow run {run.info.run_id} in experiment" in last, result.output[-800:]
     assert sum("; MLflow run " in line for line in result.output.splitlines()) == 1

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # end to end: trains every strategy through `pyth
 STRATEGIES = {
     "default": ["strategy=default"],
     "one_device": ["strategy=one_device"],
-    "mirrored1": ["strategy=mirrored", "devices.logical_cpus=1"],
+    "mirrored2": ["strategy=mirrored", "devices.logical_cpus=2"],
     "mirrored4": ["strategy=mirrored", "devices.logical_cpus=4"],
     "central_storage": ["strategy=central_storage", "devices.logical_cpus=4"],
     "mwms_single": ["strategy=multi_worker_mirrored"],
@@ -30,10 +30,12 @@ RECIPE = [
     "train.optimizer.weight_decay=0.001",
 ]
 # and logs a metric of the user's own (by _target_): a per-example tf_keras metric, so per replica too. Not the default
-# strategy's rows: without it their steps run several to a call and each step's logs come back with the call
-# (runner.executors.per_call), and the replicas' losses below are checked against theirs, logged a call at a time.
+# strategy's rows nor mirrored4's fit: without it their steps run several to a call and each step's logs come back with
+# the call (runner.executors.per_call; over several replicas, each replica's in its own column of a table), and the
+# replicas' losses below are checked against the default strategy's, both logged a call at a time.
 METRICS = ["train.metrics=[{_target_:tf_keras.metrics.SparseTopKCategoricalAccuracy,k:2,name:top2}]"]
-NO_METRICS = {"default"}
+NO_METRICS = {"default-fit", "default-custom_loop", "mirrored4-fit"}
+OWN_METRIC = {"fit": "mirrored2-fit", "custom_loop": "mirrored4-custom_loop"}  # the runs that log it per replica
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def matrix(runner):
             *FAST,
             *RECIPE,
             # train.metrics with accumulation under central_storage is refused (runner.builders.metrics)
-            *(METRICS if s not in NO_METRICS and (s != "central_storage" or (s, e) not in ACCUMULATION) else []),
+            *(METRICS if f"{s}-{e}" not in NO_METRICS and (s != "central_storage" or (s, e) not in ACCUMULATION) else []),
             f"train.accumulation_steps={ACCUMULATION.get((s, e), 1)}",
             f"mlflow.experiment_name={EXPERIMENT}",
         ]
@@ -75,14 +77,14 @@ def test_training_lowers_the_loss(matrix, runner, strategy, executor):
     losses = history(runner, f"{strategy}-{executor}", "loss/replica_0")
     assert len(losses) == 16  # 2 epochs x 512 // 64 steps, logged every step
     assert losses[-1] < 0.8 * losses[0], losses
-    if strategy in NO_METRICS:  # 4 steps a call (auto), each logged: they came back with their call
+    if f"{strategy}-{executor}" in NO_METRICS:  # 4 steps a call (auto), each logged: they came back with their call
         assert "(4 per tf.function call, auto)" in matrix[f"{strategy}-{executor}"].output
 
 
 GUIDE_NAMES = {
     "default": "default strategy",
     "one_device": "OneDeviceStrategy",
-    "mirrored1": "MirroredStrategy",
+    "mirrored2": "MirroredStrategy",
     "mirrored4": "MirroredStrategy",
     "central_storage": "CentralStorageStrategy",
     "mwms_single": "MultiWorkerMirroredStrategy",
@@ -117,12 +119,22 @@ def test_fit_and_custom_loop_reach_the_same_weights(matrix):
 @pytest.mark.parametrize("strategy", ["mirrored4", "central_storage"])
 def test_replica_losses_average_to_the_single_replica_loss(matrix, runner, strategy, executor):
     """The 4 shards of a global batch, averaged, give the loss the default strategy computed on the whole batch (its
-    steps 4 to a call, each step's loss logged after its call; the 4 replicas' a call per logged step)."""
+    steps 4 to a call, each step's loss logged after its call; the 4 replicas' the same under mirrored's fit, a call
+    per logged step in the other runs)."""
     name = f"{strategy}-{executor}"
     shards = np.array([history(runner, name, f"loss/replica_{i}") for i in range(4)])
     whole = np.array(history(runner, f"default-{executor}", "loss/replica_0"))
     assert not np.allclose(shards[0], shards[1])  # the shards really differ
     np.testing.assert_allclose(shards.mean(axis=0), whole, rtol=1e-4)
+
+
+def test_fit_over_replicas_logs_each_steps_loss_and_accuracy_of_the_whole_batch(matrix, runner):
+    """mirrored4's fit runs 4 steps a call and sums each replica's metric totals and counts after it (no merge in
+    the step): each step's epoch-mean loss and accuracy are the default strategy's, computed by Keras' own result()."""
+    for key in ["loss", "accuracy"]:
+        got, want = history(runner, "mirrored4-fit", key), history(runner, "default-fit", key)
+        assert len(got) == 16
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=key)
 
 
 def test_mlflow_run_holds_params_tags_and_metrics(matrix, runner):
@@ -176,9 +188,11 @@ def test_the_logged_learning_rate_follows_the_schedule(matrix, runner, executor)
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_own_metric_is_logged_per_split_and_per_replica(matrix, runner, executor):
     """train.metrics' top2 on the training batches (each epoch's running mean, as Model.fit logs it) is the same under
-    every strategy, and its per-replica means over the 4 equal shards average to it."""
-    whole = history(runner, f"mirrored4-{executor}", "top2")
-    shards = np.array([history(runner, f"mirrored4-{executor}", f"top2/replica_{i}") for i in range(4)])
+    every strategy, and its per-replica means over the equal shards average to it."""
+    name = OWN_METRIC[executor]
+    whole = history(runner, name, "top2")
+    replicas = int(name[len("mirrored")])  # mirrored2 or mirrored4
+    shards = np.array([history(runner, name, f"top2/replica_{i}") for i in range(replicas)])
     assert len(whole) == 16 and not np.allclose(shards[0], shards[1])  # logged every step; the shards really differ
     np.testing.assert_allclose(shards.mean(axis=0), whole, rtol=1e-6)
     for strategy in ["one_device", "mwms_single", *(["central_storage"] if executor == "fit" else [])]:
