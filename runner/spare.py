@@ -13,22 +13,13 @@ import tempfile
 import threading
 import time
 
-from runner.control import contract
-
-LOWEST = 19
-
-
-def _lowest_priority() -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST)
-    except (AttributeError, OSError):
-        pass
+from runner.control import contract, priority
 
 
 def _import_ahead() -> None:
     """What a job imports before its first step: Hydra and the runner's app, TensorFlow and tf_keras (the collector
     off, as runner.experiment does it), the experiment's modules. A failure is left for the job's own import."""
-    _lowest_priority()
+    priority.lower_this_thread(priority.LOWEST)
     try:
         import runner.app  # noqa: F401
 
@@ -55,6 +46,18 @@ def _threads_back_to_normal() -> None:
             pass
 
 
+IMPORTS_GRACE_SEC = 2.0  # how long a job waits for imports that are nearly done before it starts afresh
+
+
+def _become_a_fresh_job(job: dict) -> None:
+    """The job as a fresh `python -m runner` in this process (exec: same pid, same output), at normal priority: this
+    thread never was lowered, and a thread cannot raise its priority back. The MLflow process started ahead sees its
+    pipe close and ends; the job starts its own."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "runner", *job["argv"]], job["env"])
+
+
 def wait_for_job() -> None:
     """In a spare: import ahead and start the MLflow process, then wait for the job; sys.argv and os.environ become
     the job's. Exits quietly when the sweep goes away first."""
@@ -64,7 +67,7 @@ def wait_for_job() -> None:
 
     uri = os.environ.get(contract.TRACKING_URI)
     if uri:
-        tracking.spawn_ahead(uri, niceness=LOWEST)
+        tracking.spawn_ahead(uri, niceness=priority.LOWEST)
     sys.stderr.flush()
     saved, sink = os.dup(2), tempfile.TemporaryFile()
     os.dup2(sink.fileno(), 2)  # TensorFlow's C++ start-up chatter, as runner.env.native_stderr_captured hides it
@@ -75,10 +78,12 @@ def wait_for_job() -> None:
     if not line.strip():  # the sweep dropped this spare, or ended
         os._exit(0)
     job = json.loads(line)
-    importer.join()
+    importer.join(IMPORTS_GRACE_SEC)
     os.dup2(saved, 2)
     os.close(saved)
     sink.close()
+    if importer.is_alive():  # a busy machine: imports at the lowest priority would hold the job for minutes
+        _become_a_fresh_job(job)
     _threads_back_to_normal()
     for key in set(os.environ) - set(job["env"]):
         del os.environ[key]

@@ -169,6 +169,9 @@ class SystemMetrics:
         self._started.start()
 
     def _start(self, uri, run_id, every_sec, resumed) -> None:
+        from runner.control import priority
+
+        priority.lower_this_thread(priority.BACKGROUND)  # and MLflow's sampling thread, started from this one
         try:
             import psutil  # noqa: F401  (what MLflow's CPU, memory, disk and network monitors read)
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor

@@ -26,12 +26,16 @@ from omegaconf import OmegaConf
 
 from runner.config import layout
 from runner.config.redact import redact, redact_mapping, redact_uri
+from runner.control import priority
 from runner.errors import ConfigError
 from runner.mlflow_process import delivery, sqlite_metrics
 from runner.tracking import outbox
 
 log = logging.getLogger("runner")
-NICENESS = 10  # once the run exists, below training in the CPU's queue: its work waits, training's steps do not
+# What the training process sends while it trains, answered below training's priority (its work waits, training's
+# steps do not); every other call is one the training process waits for (the run's start, the model logged at its end),
+# answered by threads that were never lowered: at a low niceness on a busy machine those took minutes.
+BACKGROUND_OPS = frozenset({"log_batch", "log_inputs", "start_system_metrics"})
 
 
 class Calls:
@@ -40,7 +44,6 @@ class Calls:
     def __init__(self, client, uri: str, owner_pid: int):
         self.client, self.uri, self.owner_pid = client, uri, owner_pid
         self._monitors: dict = {}  # run id -> its system-metrics monitor (runner.mlflow_process.ops)
-        self._niced = False
         self._sqlite = sqlite_metrics.SqliteMetrics.for_uri(uri)  # None: MLflow's log_batch takes every value
 
     def log_batch(self, run_id: str, metrics=(), tags=(), params=()) -> None:
@@ -125,14 +128,11 @@ class Calls:
             started = self._start(OmegaConf.create(cfg), overrides, attached, resumed, parent, job, tags, run_name)
             if system_metrics_every_sec and not attached:
                 self.start_system_metrics(started["run_id"], system_metrics_every_sec, bool(resumed))
-            if not self._niced:  # the training process waits for the run's start (and its end): not for what comes between
-                os.nice(NICENESS)
-                self._niced = True
             launcher = cfg["cluster"]["name"] in ("localhost", "ray") and not attached  # its chief task logs the model
             if cfg.get("save_model") and cfg["mlflow"].get("log_model") and not launcher:
                 from runner.mlflow_process.ops import warm_up
 
-                threading.Thread(target=warm_up, name="mlflow-warm-up", daemon=True).start()
+                threading.Thread(target=priority.in_background(warm_up), name="mlflow-warm-up", daemon=True).start()
             return started
         except ConfigError:
             raise
@@ -246,12 +246,26 @@ class _Forward(logging.Handler):
         self.send({"log": [record.levelno, record.getMessage()]})
 
 
+def _started_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """A pool whose threads exist now, at this thread's priority (a pool starts its threads when work comes, from the
+    thread that submits it)."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    ready = threading.Barrier(workers + 1)
+    for _ in range(workers):
+        pool.submit(ready.wait)  # each waits for the others: no thread is idle, so each submit starts one
+    ready.wait()
+    return pool
+
+
 def main(argv) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     owner_pid, uri = int(argv[0]), os.environ.get("MLFLOW_TRACKING_URI", "")
-    if len(argv) > 1 and int(argv[1]):  # started ahead of its job by a sweep's spare (runner.sweeps.spares)
-        os.nice(int(argv[1]))
+    urgent = _started_pool(2, "mlflow-urgent")  # before this thread is lowered: the calls the training process waits for
+    if len(argv) > 1 and int(argv[1]) and "mlflow" not in sys.modules:
+        # started ahead of its job by a sweep's spare (runner.sweeps.spares), not forked from a sweep's MLflow server
+        # that has mlflow imported: its import below the job that runs now (and the calls of its background pool)
+        priority.lower_this_thread(int(argv[1]))
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would land in the user's terminal
     out, out_lock = sys.stdout, threading.Lock()
 
@@ -304,10 +318,12 @@ def main(argv) -> None:
                 }
             )
 
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="mlflow-call") as pool:
+    lowered = {"initializer": priority.lower_this_thread, "initargs": (priority.BACKGROUND,)}
+    with urgent, ThreadPoolExecutor(max_workers=4, thread_name_prefix="mlflow-call", **lowered) as background:
         for line in sys.stdin:
             if line.strip():
-                pool.submit(answer, json.loads(line))
+                request = json.loads(line)
+                (background if request.get("op") in BACKGROUND_OPS else urgent).submit(answer, request)
     out.flush()
     os._exit(0)  # every call is answered; tearing down MLflow's and SQLAlchemy's modules would only cost time
 

@@ -17,7 +17,7 @@ import os
 import threading
 
 from runner.config.redact import error_line, redact_uri
-from runner.control import contract, procs
+from runner.control import contract, priority, procs
 from runner.errors import ConfigError
 from runner.preflight.sqlite_store import check_sqlite, damaged, sqlite_path
 
@@ -188,7 +188,7 @@ def started(client, run, epochs: int | None = None, owner: int | None = None, id
     client.log_batch(run.info.run_id, tags=tags)
     # Housekeeping off the critical path (a search over the experiment's runs): in the background.
     threading.Thread(
-        target=fail_dead_runs,
+        target=priority.in_background(fail_dead_runs),
         name="mlflow-stale-runs",
         daemon=True,
         args=(client, run.info.experiment_id, f"run {run.info.run_name} ({run.info.run_id}), pid {me['pid']}"),

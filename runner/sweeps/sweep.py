@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.config import layout
 from runner.config.command_line import override as as_override
 from runner.config.redact import error_line, redact, redact_uri
-from runner.control import claims, contract
+from runner.control import claims, contract, priority
 from runner.errors import ConfigError
 from runner.sweeps import failures, parallel, slurm
 from runner.sweeps.run_names import job_run_name, swept_keys
@@ -105,10 +105,7 @@ def _warm_mlflow() -> None:
     """mlflow's and matplotlib's imports for the report written in this process (no MLflow server), at the lowest
     priority while the jobs run (Linux: a thread's own niceness); the store is opened later, not here: its lock would
     keep a job's MLflow process waiting on this thread."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
+    priority.lower_this_thread(priority.LOWEST)
     try:
         import matplotlib
 
