@@ -55,7 +55,10 @@ def _become_a_fresh_job(job: dict) -> None:
     pipe close and ends; the job starts its own."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "runner", *job["argv"]], job["env"])
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "runner", *job["argv"]], job["env"])
+    except OSError:
+        pass
 
 
 def wait_for_job() -> None:
@@ -84,6 +87,7 @@ def wait_for_job() -> None:
     sink.close()
     if importer.is_alive():  # a busy machine: imports at the lowest priority would hold the job for minutes
         _become_a_fresh_job(job)
+        importer.join()  # exec failed: the job goes on here, once the imports are done
     _threads_back_to_normal()
     for key in set(os.environ) - set(job["env"]):
         del os.environ[key]

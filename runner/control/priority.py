@@ -3,6 +3,7 @@ wait (imports ahead, metric delivery and sampling during training) runs in threa
 what a user waits for (a run's start, the model logged at its end) runs in threads that never were."""
 
 import os
+import sys
 import threading
 
 BACKGROUND = 10  # below training in the CPU's queue: its work waits, training's steps do not
@@ -12,6 +13,8 @@ LOWEST = 19  # runs only when nothing of normal priority waits
 def lower_this_thread(niceness: int) -> None:
     """This thread, and the threads it starts from now on, at `niceness` at least. A process may lower its threads'
     priority but not raise it back (root aside): a thread that does urgent work later must not be lowered."""
+    if not sys.platform.startswith("linux"):  # elsewhere a thread's id is no process id for setpriority
+        return
     try:
         tid = threading.get_native_id()
         if os.getpriority(os.PRIO_PROCESS, tid) < niceness:

@@ -267,7 +267,10 @@ def _replica_loss_model(
             if local:
                 shard_losses.write(shard)
             elif gather and replicas > 1 and not table_rows:
-                logs["replica_losses"] = tf.distribute.get_replica_context().all_gather(tf.reshape(shard, [1]), axis=0)
+                # one value per replica: said statically (all_gather's length is known only at run time), as the stepwise
+                # train function splits each step's flattened logs by their static shapes
+                gathered = tf.distribute.get_replica_context().all_gather(tf.reshape(shard, [1]), axis=0)
+                logs["replica_losses"] = tf.reshape(gathered, [replicas])
             else:  # parameter_server: one replica per step; one replica: nothing to gather; table_rows: run_step's
                 logs["replica_losses"] = shard
             return logs

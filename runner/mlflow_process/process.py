@@ -33,8 +33,9 @@ from runner.tracking import outbox
 
 log = logging.getLogger("runner")
 # What the training process sends while it trains, answered below training's priority (its work waits, training's
-# steps do not); every other call is one the training process waits for (the run's start, the model logged at its end),
-# answered by threads that were never lowered: at a low niceness on a busy machine those took minutes.
+# steps do not); every other call, and these once training has ended ("now"), is one the command waits for (the run's
+# start, the model logged at its end), answered by threads never lowered: at a low niceness on a busy machine those
+# took minutes.
 BACKGROUND_OPS = frozenset({"log_batch", "log_inputs", "start_system_metrics"})
 
 
@@ -323,7 +324,8 @@ def main(argv) -> None:
         for line in sys.stdin:
             if line.strip():
                 request = json.loads(line)
-                (background if request.get("op") in BACKGROUND_OPS else urgent).submit(answer, request)
+                later = request.get("op") in BACKGROUND_OPS and not request.get("now")  # "now": training has ended
+                (background if later else urgent).submit(answer, request)
     out.flush()
     os._exit(0)  # every call is answered; tearing down MLflow's and SQLAlchemy's modules would only cost time
 

@@ -4,10 +4,10 @@ ready beside it, and it waits for its overrides.
 A job typed alone spends about 3 s importing Hydra and TensorFlow (and its MLflow process importing mlflow and
 opening the store) before it builds anything. Jobs of a sweep run one after another, so the next job's process can
 do that work while the current one starts and ends: on a core the current job leaves idle, and never ahead of it
-(runner.spare: a thread of niceness 19, and an MLflow process at 19, which Linux runs only when nothing of normal
-priority waits), and not at all while the current job's steps are timed (the job holds the spare still:
-runner.control.ahead). The spare then reads one line, {"argv": [...], "env": {...}}, and goes on as
-`python -m runner <argv>` would.
+(runner.spare: a thread of niceness 19, which Linux runs only when nothing of normal priority waits), and not at all
+while the current job's steps are timed (the job holds the spare still: runner.control.ahead). The spare then reads
+one line, {"argv": [...], "env": {...}}, and goes on as `python -m runner <argv>` would; where its imports are not
+done by then (a busy machine), it starts afresh as the job, at normal priority.
 
 A spare's MLflow process, and every job's, is forked from the sweep's MLflow server (runner.sweeps.server) with
 mlflow already imported.

@@ -36,6 +36,7 @@ class Pipe:
         self._ids, self._waiting, self._lock = itertools.count(1), {}, threading.Lock()
         self.restarts = 0
         self._closing = False
+        self.waited_for = False  # training_ended()
         self._start()
 
     @classmethod
@@ -97,6 +98,11 @@ class Pipe:
         log.warning("the MLflow process (pid %d) ended; started another (pid %d, restart %d/%d)", old, self.proc.pid,
                     self.restarts, self.RESTARTS)  # fmt: skip
 
+    def training_ended(self) -> None:
+        """From now on every call is one the command waits for: the MLflow process answers it at normal priority, not
+        in its pool below training's (runner.mlflow_process.process)."""
+        self.waited_for = True
+
     def call(self, op: str, timeout: float | None = None, **args):
         """Send one call and wait for its answer (at most `timeout` seconds: then TimeoutError, the call goes on)."""
         return self.submit(op, **args).result(timeout)
@@ -111,7 +117,8 @@ class Pipe:
             number = next(self._ids)
             self._waiting[number] = waiter
             try:
-                self.proc.stdin.write(json.dumps({"id": number, "op": op, "args": args}) + "\n")
+                request = {"id": number, "op": op, "args": args, **({"now": True} if self.waited_for else {})}
+                self.proc.stdin.write(json.dumps(request) + "\n")
                 self.proc.stdin.flush()
             except (OSError, ValueError) as err:  # its stdin is closed: it is gone
                 self._waiting.pop(number, None)

@@ -112,6 +112,9 @@ class RunLog:
     def deliver_soon(self) -> None:
         """Training has ended: the sender delivers what is queued now, beside the evaluation and the save, instead
         of at its next period or in close(), which the command waits for."""
+        ended = getattr(self._client, "training_ended", None)  # the MLflow process's pipe: every call is waited for now
+        if ended is not None:
+            ended()
         self._wake.set()
 
     def _send_loop(self) -> None:
