@@ -35,17 +35,6 @@ def _import_ahead() -> None:
         pass
 
 
-def _threads_back_to_normal() -> None:
-    """Threads that TensorFlow's import started inherited niceness 19; back to 0 where Linux allows it (root, or a
-    raised RLIMIT_NICE). Where not, they are idle helpers: the threads that train are started later, by the job."""
-    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
-        try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
-                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
-        except (OSError, ValueError):
-            pass
-
-
 IMPORTS_GRACE_SEC = 2.0  # how long a job waits for imports that are nearly done before it starts afresh
 
 
@@ -88,7 +77,9 @@ def wait_for_job() -> None:
     if importer.is_alive():  # a busy machine: imports at the lowest priority would hold the job for minutes
         _become_a_fresh_job(job)
         importer.join()  # exec failed: the job goes on here, once the imports are done
-    _threads_back_to_normal()
+    # Threads that TensorFlow's import started inherited niceness 19. Where they cannot go back they are idle
+    # helpers: the threads that train are started later, by the job.
+    priority.threads_back_to_normal()
     for key in set(os.environ) - set(job["env"]):
         del os.environ[key]
     os.environ.update(job["env"])

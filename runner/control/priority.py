@@ -23,6 +23,18 @@ def lower_this_thread(niceness: int) -> None:
         pass
 
 
+def threads_back_to_normal() -> None:
+    """Every lowered thread of this process back to niceness 0, where Linux allows it (root, or a raised RLIMIT_NICE)."""
+    if not sys.platform.startswith("linux"):
+        return
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
+                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+        except (OSError, ValueError):
+            pass
+
+
 def in_background(target, niceness: int = BACKGROUND):
     """`target`, run at `niceness` in whatever thread calls it (a thread's target)."""
 
