@@ -15,14 +15,18 @@ from helpers import LiveRun, run_runner
 
 pytestmark = pytest.mark.slow  # end to end: kills and resumes a real `python -m runner`
 
-# A custom loop with a loss every 5 steps and MLflow's flush far away (30 s): a kill lands before any delivery.
+# A custom loop with a loss every 5 steps and MLflow's flush far away (300 s, not the default 5 s): the first kill
+# lands before any delivery, so what it keeps is the journal's alone. Enough steps that the kill, a second or two
+# into training, lands well before the end (a call runs 100 steps; this model trains thousands of steps a second).
+STEPS = 60000
 ARGS = [
+    "mlflow.flush_every_sec=300",
     "executor=custom_loop",
     "train.epochs=1",
-    "train.steps_per_epoch=6000",
+    f"train.steps_per_epoch={STEPS}",
     "train.log_every_n_steps=5",
     "data.num_examples=2048",
-    "checkpoint.every_n_steps=200",
+    "checkpoint.every_n_steps=2000",
     "mlflow.experiment_name=journal",
 ]
 
@@ -34,10 +38,9 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
 
     run_dir = runner.root / "runs" / "journal-kill9"
     live = LiveRun([*ARGS, "mlflow.run_name=journal-kill9"], runner.root, run_dir, runner.uri)
-    live.wait_for(
-        lambda line: re.search(r"step (\d+)/6000", line) and int(re.search(r"step (\d+)/6000", line).group(1)) >= 300, 180
-    )
-    before = max(int(m.group(1)) for line in live.lines if (m := re.search(r"step (\d+)/6000", line)))
+    step = re.compile(rf"step (\d+)/{STEPS}")
+    live.wait_for(lambda line: (m := step.search(line)) and int(m.group(1)) >= 300, 180)
+    before = max(int(m.group(1)) for line in live.lines if (m := step.search(line)))
     time.sleep(1.2)  # the journal is written every second: everything up to `before` must be in it
     live.proc.send_signal(signal.SIGKILL)
     live.finish(timeout=30)
@@ -57,7 +60,7 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
     assert f"steps up to {logged_through} logged" in said
     last = run_runner([*ARGS, f"resume={run_dir}"], cwd=runner.root, run_dir=run_dir, tracking_uri=runner.uri)
     assert last.returncode == 0, last.output[-3000:]
-    assert "nothing left to train: the checkpoint is at the last step (6000)" in last.output, last.output[-3000:]
+    assert f"nothing left to train: the checkpoint is at the last step ({STEPS})" in last.output, last.output[-3000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     ended = json.loads((run_dir / "summary.json").read_text())
@@ -67,9 +70,9 @@ def test_kill_9_loses_at_most_the_journal_interval_and_resume_completes_the_hist
     windows = statistics.median(m.value for m in client.get_metric_history(run_id, "throughput/window_examples_per_sec"))
     assert 0.2 < ended["summary/examples_per_sec"] / windows < 5  # the attempts' own windows, not a figure from nowhere
     steps = [m.step for m in client.get_metric_history(run_id, "loss")]
-    assert sorted(steps) == list(range(5, 6001, 5)), (
+    assert sorted(steps) == list(range(5, STEPS + 1, 5)), (
         "every logged step once: no gap, no step twice",
-        sorted(set(range(5, 6001, 5)) ^ set(steps))[:20],
+        sorted(set(range(5, STEPS + 1, 5)) ^ set(steps))[:20],
         last.output[-3000:],
     )
     assert not (run_dir / "mlflow_journal.jsonl").exists()  # a run that ended with everything delivered keeps none
