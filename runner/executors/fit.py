@@ -6,6 +6,7 @@ import numpy as np
 
 from runner import tf_private
 from runner.control.stopping import StopGuard
+from runner.errors import ConfigError
 from runner.executors import per_call, resident
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
@@ -549,7 +550,24 @@ def _fit_calls(initial_step: int, spe: int, epochs: int, inside_epoch: bool) -> 
     return [(first, first + 1, spe - done, initial_step), *rest]
 
 
+def _xla_collectives_exist(job: Job) -> None:
+    """Across workers, fit's XLA step holds MultiWorkerMirroredStrategy's all-reduce, which XLA implements for GPUs
+    only: on CPUs TensorFlow refuses at the first step, after the build. Refused here instead (the custom loop keeps
+    the all-reduce outside XLA, runner.executors.replica_step)."""
+    import tensorflow as tf
+
+    if job.train.jit_compile and job.multi_worker and isinstance(job.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        if not tf.config.list_logical_devices("GPU"):
+            raise ConfigError(
+                "train.jit_compile=true with strategy=multi_worker_mirrored over several workers and executor=fit "
+                "puts the all-reduce inside XLA, which has no collectives for CPUs, and TensorFlow sees no GPU here. "
+                "Use executor=custom_loop (it compiles each replica's forward and backward pass and all-reduces "
+                "outside XLA), or leave train.jit_compile unset."
+            )
+
+
 def run_fit(job: Job) -> Result:
+    _xla_collectives_exist(job)
     initial_step = job.restore()
     keras = job.keras
     tf_keras_model = keras.__name__ == "tf_keras"

@@ -61,5 +61,11 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metri
         return apply(grads, loss, losses_sum, count)
 
     # train.jit_compile for the custom loop (Keras 3's fit compiles its own train_step); the loop around it, which
-    # reads the input iterator, stays outside XLA
-    return tf.function(replica_step, jit_compile=True) if job.train.get("jit_compile") and not keras3 else replica_step
+    # reads the input iterator, stays outside XLA. Across workers the update stays outside it too: there its
+    # all-reduce is a merge_call, which TensorFlow refuses inside a nested tf.function.
+    if not job.train.get("jit_compile") or keras3:
+        return replica_step
+    if job.multi_worker:
+        micro_step = tf.function(micro_step, jit_compile=True)
+        return replica_step
+    return tf.function(replica_step, jit_compile=True)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import FAST, LiveRun, leftover_processes, load_weights, mlflow_run_by_name
+from helpers import FAST, LiveRun, assert_refused_run_deleted, leftover_processes, load_weights, mlflow_run_by_name
 
 pytestmark = pytest.mark.slow  # end to end: each test starts `python -m runner` clusters of real task processes
 
@@ -37,7 +37,8 @@ def runs(runner):
         "reference-custom_loop": ["strategy=default", "executor=custom_loop", *FAST],
         # gradient accumulation across workers (fit): 2 micro-batches per update must still give the reference's weights
         "mwms-fit": [*MWMS, "executor=fit", *FAST, "train.accumulation_steps=2"],
-        "mwms-custom_loop": [*MWMS, "executor=custom_loop", *FAST],
+        # XLA across workers: each replica's forward and backward pass compiled, the update's all-reduce outside it
+        "mwms-custom_loop": [*MWMS, "executor=custom_loop", *FAST, "train.jit_compile=true"],
         "ps-fit": [*PS, "executor=fit", *FAST, "cluster.evaluator=true"],
         "ps-custom_loop": [
             *PS,
@@ -91,6 +92,19 @@ def test_mwms_workers_agree_and_match_a_single_process(runs, runner, executor):
     assert sum("; MLflow run " in line for line in result.output.splitlines()) == 1
     progress = re.findall(r"^\[(worker:\d)\].* epoch \d+/\d+ step \d+/\d+", result.output, re.M)
     assert progress and set(progress) == {"worker:0"}, result.output[-3000:]  # the cluster's progress, said once
+
+
+def test_xla_across_cpu_workers_under_fit_is_refused_before_training(runner):
+    """fit's XLA step would hold the all-reduce, which XLA has no CPU kernels for: TensorFlow failed at the first step
+    with a traceback (exit 3); the runner refuses before training, and says what works (the custom loop, above)."""
+    result = runner(
+        "mwms-fit-xla", [*MWMS, "executor=fit", *FAST, "train.jit_compile=true", f"mlflow.experiment_name={EXPERIMENT}"]
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    said = "train.jit_compile=true with strategy=multi_worker_mirrored over several workers and executor=fit"
+    assert said in result.output and "Use executor=custom_loop" in result.output, result.output[-3000:]
+    assert "Traceback" not in result.output and "epoch 1/" not in result.output
+    assert_refused_run_deleted(runner.uri, EXPERIMENT, "mwms-fit-xla", result, "refused the configuration (exit code 2")
 
 
 @pytest.mark.parametrize("executor", ["fit", "custom_loop"])
