@@ -433,6 +433,18 @@ def xla_on_logical_cpus(cfg):
 
 
 @check
+def xla_with_parameter_servers(cfg):
+    """train.jit_compile=true under parameter_server: the variables live on the ps tasks, and XLA's compiled step
+    cannot read a resource of another task (TensorFlow refused at the first step, under either executor)."""
+    if cfg.train.jit_compile and cfg.strategy.name == "parameter_server":
+        raise ConfigError(
+            "train.jit_compile=true cannot compile the step of strategy=parameter_server: its variables live on the ps "
+            "tasks, and an XLA step can only read variables of the worker that runs it. Leave train.jit_compile unset, "
+            "or use strategy=multi_worker_mirrored with executor=custom_loop for XLA across workers."
+        )
+
+
+@check
 def ranges(cfg):
     """The one generic range check: every numeric field against the range declared beside it."""
     _first_of(range_problems(cfg))

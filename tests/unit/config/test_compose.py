@@ -110,6 +110,10 @@ def refusal(*overrides) -> str:
             ["strategy=central_storage", "devices.logical_cpus=2", "train.jit_compile=true"],
             ["strategy=central_storage", "executor=custom_loop"],
         ),
+        (
+            ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "train.jit_compile=true"],
+            ["train.jit_compile=true", "strategy=parameter_server", "ps tasks"],
+        ),
         (["~strategy"], ["the config has no strategy", "strategy=<option>"]),
         (
             ["strategy=parameter_server", "cluster=localhost", "cluster.ps=1", "strategy.variable_partitioner.kind=weird"],
