@@ -90,6 +90,14 @@ def worker_table_loop(job: Job, replica_step, take, most_steps: int):
     return train_loop
 
 
+def xla_text(job: Job, whole_call: bool) -> str:
+    if not job.train.get("jit_compile"):
+        return ""
+    if whole_call:
+        return ", XLA: each call compiled whole"
+    return ", XLA: each replica's forward and backward pass" if job.multi_worker else ", XLA: each step"
+
+
 class ShardWindow:
     """Each replica's shard losses of the steps since the last logged step, on the host: their mean is logged as
     loss/replica_<i>. A call hands back every step's; a logged step inside it takes those up to it."""
@@ -132,7 +140,12 @@ class InProcessTrainer(loop.Trainer):
             self.metrics = build_own(job.metrics)  # train.metrics on the training batches
         replicas = strategy.num_replicas_in_sync
         losses_of, scale, with_shard = step_losses(job)
-        replica_step = make_replica_step(job, per_example_loss, with_shard=with_shard, metrics=self.metrics)
+        # train.jit_compile with in-memory data on one replica: the whole call is compiled, the row gather and the
+        # loop around the steps included (each step compiled alone pays XLA's launch in every step)
+        self.xla_call = bool(job.train.get("jit_compile")) and losses_of is not None and resident.usable(job)
+        replica_step = make_replica_step(
+            job, per_example_loss, with_shard=with_shard, metrics=self.metrics, jit=False if self.xla_call else None
+        )
         eval_update, self.eval_results = make_evaluator(job, per_example_loss)
         # every step's losses come back with the call: logged steps need not end one, unless train.metrics' results are
         # logged (read at the end of a call)
@@ -141,7 +154,8 @@ class InProcessTrainer(loop.Trainer):
         self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.resident = None
         if resident.usable(job):  # in-memory data: each step gathers its own rows (runner.executors.resident)
-            self.resident = resident.Blocks(data, resident.block_steps(self.steps_per_call, data.global_batch_size))
+            kind = resident.Calls if self.xla_call else resident.Blocks
+            self.resident = kind(data, resident.block_steps(self.steps_per_call, data.global_batch_size))
         take = next if self.resident is None else self.resident.take
 
         @tf.function
@@ -154,24 +168,46 @@ class InProcessTrainer(loop.Trainer):
                 steps, shards = steps.write(i, loss), shards.write(i, shard)
             return steps.stack(), shards.stack() * scale
 
+        @tf.function(jit_compile=True)
+        def xla_loop(rows, num_steps):
+            """one_worker_loop under XLA, on the call's row batches instead of an iterator. `rows` always holds
+            steps_per_call batches, of which the first num_steps are trained on: one shape, compiled once, however
+            long the call (the results past num_steps are not read)."""
+            steps = tf.TensorArray(tf.float32, size=self.steps_per_call)
+            shards = tf.TensorArray(tf.float32, size=self.steps_per_call, element_shape=[replicas])
+
+            def body(i, steps, shards):
+                loss, shard = losses_of(strategy.run(replica_step, args=(self.resident.gather(rows[i]),)))
+                return i + 1, steps.write(i, loss), shards.write(i, shard)
+
+            # a bound XLA reads at run time: tf.range(num_steps) made num_steps a compile-time constant, and a
+            # call of another length compiled anew
+            _, steps, shards = tf.while_loop(
+                lambda i, *_: i < num_steps, body, (0, steps, shards), maximum_iterations=self.steps_per_call
+            )
+            return steps.stack(), shards.stack() * scale
+
         @tf.function
         def eval_step(inputs):
             strategy.run(eval_update, args=(inputs,))
 
         loop = one_worker_loop if losses_of else worker_table_loop(job, replica_step, take, self.steps_per_call)
         self.run_loop, self.eval_step = concrete_per_iterator(loop), eval_step
+        self.xla_loop = xla_loop
         self.replicas, self.progress = job.replicas, job.progress
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
             f"({per_call.text(job.train.steps_per_loop, n)}), global batch {data.global_batch_size} over "
-            f"{job.replicas} replica(s){accumulation_text(job.train)}"
+            f"{job.replicas} replica(s){accumulation_text(job.train)}{xla_text(job, self.xla_call)}"
         )
         self.steps = {}  # tf.constant per call length, made once
         self.out = None
         self.window = ShardWindow()
 
     def begin(self, step: int) -> None:
-        if self.resident is not None:
+        if self.xla_call:
+            self.resident.begin(step)
+        elif self.resident is not None:
             self.iterator = self.resident.iterator(step)
         else:
             self.iterator = iter(self.job.data.distributed_train(self.job.strategy, step))
@@ -179,12 +215,18 @@ class InProcessTrainer(loop.Trainer):
     def train(self, num_steps: int) -> None:
         if num_steps not in self.steps:
             self.steps[num_steps] = self.tf.constant(num_steps)
+        if self.xla_call:
+            rows = self.resident.take(num_steps)
+            if num_steps < self.steps_per_call:
+                rows = self.tf.pad(rows, [[0, self.steps_per_call - num_steps], [0, 0]])
+            self.out = num_steps, self.xla_loop(rows, self.steps[num_steps])
+            return
         self.out = num_steps, self.run_loop(self.iterator, self.steps[num_steps])  # tensor arguments only: the cheapest call
 
     def sync(self):
-        _, (losses, shards) = self.out
-        self.window.call(shards.numpy())
-        return [(1, loss) for loss in losses.numpy().tolist()]
+        n, (losses, shards) = self.out
+        self.window.call(shards.numpy()[:n])
+        return [(1, loss) for loss in losses.numpy()[:n].tolist()]
 
     def epoch_begin(self) -> None:
         reset(self.metrics)

@@ -9,9 +9,10 @@ from runner.executors.accumulation import accumulated
 from runner.executors.base import Job
 
 
-def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=(), keras3: bool = False):
+def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metrics=(), keras3: bool = False, jit=None):
     """One replica's training step; returns its share of the global loss, and (with_shard) its shard's mean loss.
-    `metrics`: train.metrics' objects (made inside the scope), updated with each (micro-)batch's labels and output."""
+    `metrics`: train.metrics' objects (made inside the scope), updated with each (micro-)batch's labels and output.
+    `jit`: compile the step with XLA (None: train.jit_compile; False where the caller compiles the whole call)."""
     import tensorflow as tf
     import tf_keras
 
@@ -63,7 +64,7 @@ def make_replica_step(job: Job, per_example_loss, with_shard: bool = True, metri
     # train.jit_compile for the custom loop (Keras 3's fit compiles its own train_step); the loop around it, which
     # reads the input iterator, stays outside XLA. Across workers the update stays outside it too: there its
     # all-reduce is a merge_call, which TensorFlow refuses inside a nested tf.function.
-    if not job.train.get("jit_compile") or keras3:
+    if not (job.train.get("jit_compile") if jit is None else jit) or keras3:
         return replica_step
     if job.multi_worker:
         micro_step = tf.function(micro_step, jit_compile=True)

@@ -5,8 +5,9 @@ it over through an iterator, a large share of a small model's step. Here the ite
 (the same index stream: the same batches in the same order, and a resume skips the same steps), and the step
 gathers its rows from the arrays, which stay tensors in memory. The custom loop goes further: its iterator yields
 a call's worth of row batches at once, held in a variable that the steps read in turn, so that most steps read no
-iterator at all. Used where one process trains one replica on the tf_data input path; elsewhere the strategy
-distributes the dataset as before.
+iterator at all. Under train.jit_compile the custom loop compiles its whole call with XLA, which cannot read an
+iterator: the call's row batches are sliced on the host and handed to it as one tensor (Calls). Used where one
+process trains one replica on the tf_data input path; elsewhere the strategy distributes the dataset as before.
 """
 
 from runner.builders.data.pipeline import Data, Input, finish
@@ -77,3 +78,30 @@ class Blocks(Resident):
         at = tf.cond(self.at >= self.block, refill, self.at.read_value)
         self.at.assign(at + 1)
         return self.gather(self.held[at])
+
+
+class Calls(Resident):
+    """The custom loop's under XLA: `begin(done_steps)` starts the block iterator; `take(n)`, on the host before a
+    call, returns the call's n row batches as one tensor [n, batch], read from blocks of `block` steps."""
+
+    def __init__(self, data: Data, block: int):
+        super().__init__(data)
+        self.block = block
+        self.held, self.at, self.blocks = None, 0, None
+
+    def begin(self, done_steps: int) -> None:
+        self.blocks = iter(self.rows(done_steps, self.block))
+        self.held, self.at = None, 0
+
+    def take(self, n: int):
+        tf = self.tf
+        left = 0 if self.held is None else int(self.held.shape[0]) - self.at
+        if left < n:
+            parts = [self.held[self.at :]] if left else []
+            while left < n:
+                parts.append(next(self.blocks))
+                left += int(parts[-1].shape[0])
+            self.held, self.at = (tf.concat(parts, 0) if len(parts) > 1 else parts[0]), 0
+        rows = self.held[self.at : self.at + n]
+        self.at += n
+        return rows
