@@ -10,7 +10,15 @@ parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 from runner.builders.metrics import build_own, per_replica, reset, results
 from runner.control import teardown
 from runner.executors import loop, per_call, resident
-from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
+from runner.executors.base import (
+    Job,
+    Result,
+    accumulation_text,
+    concrete_per_iterator,
+    epochs_text,
+    replica_metrics,
+    xla_text,
+)
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_losses import WorkerTable
 from runner.executors.replica_step import make_replica_step
@@ -88,14 +96,6 @@ def worker_table_loop(job: Job, replica_step, take, most_steps: int):
         return tf.reduce_sum(rows[:, :, 0], axis=1), rows[:, :, 1]
 
     return train_loop
-
-
-def xla_text(job: Job, whole_call: bool) -> str:
-    if not job.train.get("jit_compile"):
-        return ""
-    if whole_call:
-        return ", XLA: each call compiled whole"
-    return ", XLA: each replica's forward and backward pass" if job.multi_worker else ", XLA: each step"
 
 
 class ShardWindow:

@@ -25,6 +25,7 @@ from runner.executors.base import (
     progress_line,
     replica_metrics,
     training_ended,
+    xla_text,
 )
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
@@ -44,6 +45,7 @@ def _replica_loss_model(
     stepwise=None,
     table_rows: int = 0,
     metric_count: int = 0,
+    blocks=None,
 ):
     """Wrap the user's model so each train step also keeps every replica's own shard loss (replica_losses()).
 
@@ -62,6 +64,9 @@ def _replica_loss_model(
     sync-on-read table, summed across replicas and workers once a call (`step_rows`), instead of an all-gather of the
     shard losses and a merge of every metric in every step: each step's results are the sums' (total / count), as
     the metric's own result() computes them.
+    `blocks` (stepwise, XLA, in-memory data on one replica: a resident.Blocks): the iterator yields blocks of row
+    batches; each call takes its steps' row batches from them and runs its steps in one XLA computation, the gather
+    included, instead of one per step.
     """
     import tensorflow as tf
     import tf_keras
@@ -207,12 +212,12 @@ def _replica_loss_model(
                     getattr(self, tf_private.TRAIN_COUNTER).assign_add(1)
                 return outputs
 
-            if self.jit_compile:
+            if self.jit_compile and blocks is None:
                 run_step = tf.function(run_step, jit_compile=True, reduce_retracing=True)
 
             @tf.autograph.experimental.do_not_convert
-            def one_step(iterator, i):
-                outputs = strategy.run(run_step, args=(next(iterator), i))
+            def step_on(data, i):
+                outputs = strategy.run(run_step, args=(data, i))
                 return stepwise(outputs, strategy, reduction=self.distribute_reduction_method)
 
             spec = []  # a step's logs: their structure and each one's shape, found while the step is traced
@@ -229,14 +234,35 @@ def _replica_loss_model(
                 parts = tf.split(row, [s.num_elements() for s in shapes]) if shapes else []
                 return nest.pack_sequence_as(logs, [tf.reshape(p, s) for p, s in zip(parts, shapes)])
 
+            most = getattr(self, tf_private.STEPS_PER_EXECUTION).numpy().item()
+
+            @tf.function(jit_compile=True)
+            def xla_steps(rows, n):
+                """A call's steps in one XLA computation: `rows` holds `most` row batches, the first n trained on (one
+                shape and a bound read at run time: compiled once, whatever the call's length)."""
+
+                def body(i, steps):
+                    return i + 1, steps.write(i, flat(step_on(rows[i], i)))
+
+                steps = tf.TensorArray(tf.float32, size=most, element_shape=[None])
+                _, steps = tf.while_loop(lambda i, _: i < n, body, (0, steps), maximum_iterations=most)
+                return steps.stack()
+
             @tf.function(reduce_retracing=True)
             def train_function(iterator):
                 # fit cuts the epoch's last call to what is left of it
                 n = tf.cast(getattr(self, tf_private.STEPS_PER_EXECUTION), tf.int32)
-                steps = tf.TensorArray(tf.float32, size=n, element_shape=[None])
-                for i in tf.range(n):  # only the steps' vectors cross iterations: their logs may be empty (sums)
-                    steps = steps.write(i, flat(one_step(iterator, i)))
-                steps = steps.stack()
+                if blocks is not None:
+                    rows = tf.TensorArray(tf.int64, size=n)
+                    for i in tf.range(n):
+                        rows = rows.write(i, blocks.take_rows(iterator))
+                    rows = rows.stack()
+                    steps = xla_steps(tf.pad(rows, [[0, most - n], [0, 0]]), n)[:n]
+                else:
+                    steps = tf.TensorArray(tf.float32, size=n, element_shape=[None])
+                    for i in tf.range(n):  # only the steps' vectors cross iterations: their logs may be empty (sums)
+                        steps = steps.write(i, flat(step_on(next(iterator), i)))
+                    steps = steps.stack()
                 if table is None:
                     return unflat(steps[-1]), steps, tf.zeros([0])
                 rows = table.read(n)  # summed over replicas and workers: one collective
@@ -440,6 +466,11 @@ def _callbacks(
     return callbacks
 
 
+def _whole_call_xla(job: Job, stepwise: bool) -> bool:
+    """train.jit_compile over a whole call: each step's logs come back with the call, in-memory data, one replica."""
+    return bool(stepwise and job.train.jit_compile and resident.usable(job))
+
+
 def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: bool):
     """(model, inputs(done steps) -> fit's x, y and kwargs, evaluate, train.metrics' objects) for a tf_keras model."""
     import tf_keras
@@ -452,7 +483,9 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: boo
     table_rows = per_execution if stepwise and job.replicas > 1 and not job.train.jit_compile else 0
     one_worker = gather and job.replicas > 1 and not job.multi_worker
     shard_losses = ShardLosses(job.strategy) if one_worker and not table_rows else None
-    held = resident.Resident(job.data) if resident.usable(job) else None
+    held, blocks = (resident.Resident(job.data) if resident.usable(job) else None), None
+    if _whole_call_xla(job, stepwise):  # one XLA computation a call (_replica_loss_model)
+        held = blocks = resident.Blocks(job.data, resident.block_steps(per_execution, job.data.global_batch_size))
     with job.strategy.scope():
         own = build_own(job.metrics)  # train.metrics: logged per split, and per replica (per-example ones)
         metrics = [*build_metrics(job.loss), *own]
@@ -468,6 +501,7 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: boo
             tf_private.reduce_per_replica() if stepwise else None,
             table_rows,
             len(metrics),
+            blocks,
         )
         model.compile(
             optimizer=job.optimizer,
@@ -479,7 +513,9 @@ def _tf_keras_fit(job: Job, initial_step: int, per_execution: int, stepwise: boo
     model.distribute_reduction_method = "first"
     data = job.data
     # a resumed run's input starts at its step (not under parameter_server: workers take batches in no fixed order)
-    if held is not None:
+    if blocks is not None:
+        fit_input = blocks.rows(initial_step, blocks.block)
+    elif held is not None:
         fit_input = held.rows(initial_step)
     else:
         fit_input = data.fit_input(dataset_creator=job.parameter_server, done_steps=0 if job.parameter_server else initial_step)
@@ -589,7 +625,7 @@ def run_fit(job: Job) -> Result:
         per_call.text(job.train.steps_per_execution, per_execution),
         data.global_batch_size,
         spread,
-        accumulation_text(job.train),
+        accumulation_text(job.train) + (xla_text(job, _whole_call_xla(job, stepwise)) if tf_keras_model else ""),
     )
 
     from runner.executors.user_callbacks import build_callbacks

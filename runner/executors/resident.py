@@ -69,6 +69,14 @@ class Blocks(Resident):
         return iter(self.rows(done_steps, self.block))
 
     def _take(self, iterator):
+        return self.gather(self.take_rows(iterator))
+
+    @property
+    def take_rows(self):
+        """The next step's row batch, ungathered (fit's XLA call gathers inside the compiled part)."""
+        return self.tf.autograph.experimental.do_not_convert(self._take_rows)
+
+    def _take_rows(self, iterator):
         tf = self.tf
 
         def refill():
@@ -77,7 +85,7 @@ class Blocks(Resident):
 
         at = tf.cond(self.at >= self.block, refill, self.at.read_value)
         self.at.assign(at + 1)
-        return self.gather(self.held[at])
+        return self.held[at]
 
 
 class Calls(Resident):
