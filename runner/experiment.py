@@ -18,6 +18,7 @@ from runner.config import layout
 from runner.control import contract, stopping
 from runner.env import native_stderr_captured
 from runner.errors import RunnerError
+from runner.executors import xla
 from runner.launch import peers
 from runner.sources import faults, in_memory
 from runner.sources.description import describe as describe_data
@@ -121,6 +122,7 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
             step, kept = getattr(run, "last_step", None), _checkpoints_of(cfg)
             told = _told(
                 err,
+                lambda e: xla.refused(e, cfg, trained=phases.trained()),
                 lambda e: peers.lost_peer(e, cluster.task, cluster.jobs, cfg.output_dir, kept),
                 lambda e: faults.damaged_data(e, cfg.data, step, cfg.output_dir, kept),
                 lambda e: own_code.raised(e, cfg, step, cfg.output_dir, kept, trained=phases.trained()),

@@ -345,15 +345,6 @@ def accumulation_text(train) -> str:
     return f", {k} micro-batches per update" if k > 1 else ""
 
 
-def xla_text(job: Job, whole_call: bool) -> str:
-    """What the training log line says of train.jit_compile: which part XLA compiles (nothing without it)."""
-    if not job.train.get("jit_compile"):
-        return ""
-    if whole_call:
-        return ", XLA: each call compiled whole"
-    return ", XLA: each replica's forward and backward pass" if job.multi_worker else ", XLA: each step"
-
-
 def last_log_point(done: int, every: int) -> int:
     """Where the logging of an epoch resumed after `done` steps stands: the grid line at or before it (metrics go
     every train.log_every_n_steps steps from the epoch's start). A run stopped at step 513 then logs at 544, 576 as

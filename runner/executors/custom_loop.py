@@ -9,7 +9,7 @@ parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 
 from runner.builders.metrics import build_own, per_replica, reset, results
 from runner.control import teardown
-from runner.executors import loop, per_call, resident
+from runner.executors import loop, per_call, resident, xla
 from runner.executors.base import (
     Job,
     Result,
@@ -17,7 +17,6 @@ from runner.executors.base import (
     concrete_per_iterator,
     epochs_text,
     replica_metrics,
-    xla_text,
 )
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_losses import WorkerTable
@@ -198,7 +197,7 @@ class InProcessTrainer(loop.Trainer):
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
             f"({per_call.text(job.train.steps_per_loop, n)}), global batch {data.global_batch_size} over "
-            f"{job.replicas} replica(s){accumulation_text(job.train)}{xla_text(job, self.xla_call)}"
+            f"{job.replicas} replica(s){accumulation_text(job.train)}{xla.text(job, self.xla_call)}"
         )
         self.steps = {}  # tf.constant per call length, made once
         self.out = None

@@ -7,7 +7,7 @@ import numpy as np
 from runner import tf_private
 from runner.control.stopping import StopGuard
 from runner.errors import ConfigError
-from runner.executors import per_call, resident
+from runner.executors import per_call, resident, xla
 from runner.executors.accumulation import accumulated
 from runner.executors.base import (
     RUN_RATE,
@@ -25,7 +25,6 @@ from runner.executors.base import (
     progress_line,
     replica_metrics,
     training_ended,
-    xla_text,
 )
 from runner.executors.early_stopping import after_epoch, restore_best
 from runner.executors.evaluation import evaluate_on_coordinator, make_evaluator
@@ -625,7 +624,7 @@ def run_fit(job: Job) -> Result:
         per_call.text(job.train.steps_per_execution, per_execution),
         data.global_batch_size,
         spread,
-        accumulation_text(job.train) + (xla_text(job, _whole_call_xla(job, stepwise)) if tf_keras_model else ""),
+        accumulation_text(job.train) + (xla.text(job, _whole_call_xla(job, stepwise)) if tf_keras_model else ""),
     )
 
     from runner.executors.user_callbacks import build_callbacks

@@ -81,3 +81,20 @@ def mnist_head(input_shape):
     return keras.Sequential(
         [keras.Input(shape=input_shape), keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")]
     )
+
+
+class HostRound(tf_keras.layers.Layer):
+    """A NumPy op inside the model: it trains without XLA, and XLA has no kernel for it (train.jit_compile=true)."""
+
+    def call(self, x):
+        import numpy as np
+        import tensorflow as tf
+
+        rounded = tf.numpy_function(lambda a: np.round(a, 3), [x], tf.float32, stateful=False)
+        return tf.reshape(rounded, tf.shape(x)) + 0.0 * x
+
+
+def numpy_inside(input_shape, num_outputs, width=8):
+    inputs = tf_keras.Input(shape=input_shape)
+    hidden = HostRound()(tf_keras.layers.Dense(width, activation="tanh")(inputs))
+    return tf_keras.Model(inputs, tf_keras.layers.Dense(num_outputs)(hidden))
