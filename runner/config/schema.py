@@ -128,9 +128,10 @@ class TrainConfig:
     log_every_n_steps: int = ranged(10, ge=1)
     mixed_precision: bool = False  # tf_keras mixed_float16 policy (GPUs with tensor cores)
     # XLA for training: true or false; null: each Keras' own default (tf_keras fit and the custom loop: off; a Keras 3
-    # model: Keras 3's auto, on where its layers support it). On one replica with in-memory data a whole call of steps
-    # is compiled, elsewhere each step. Faster where measured (docs), and not bit-identical: XLA fuses and reorders
-    # float arithmetic
+    # model: Keras 3's auto, on where its layers support it). With in-memory data on one replica it compiles a whole
+    # call of steps (under fit: where each step's logs come back with the call); across workers, the custom loop's
+    # forward and backward pass; elsewhere each step. Faster where measured (docs), and not bit-identical: XLA fuses
+    # and reorders float arithmetic
     jit_compile: bool | None = None
     profile_steps: list[int] | None = ranged(
         None, ge=1, null="no trace"

@@ -150,6 +150,8 @@ class InProcessTrainer(loop.Trainer):
         # logged (read at the end of a call)
         self.logs_inside = not self.metrics
         n = per_call.of(job, job.train.steps_per_loop, logs_inside=self.logs_inside)
+        if self.xla_call:  # the call's row indices are handed over at once: no more than a block's
+            n = resident.block_steps(n, data.global_batch_size)
         self.steps_per_call = min(n, max(1, job.checkpoint_every or data.steps_per_epoch))
         self.resident = None
         if resident.usable(job):  # in-memory data: each step gathers its own rows (runner.executors.resident)
@@ -197,7 +199,7 @@ class InProcessTrainer(loop.Trainer):
         self.description = (
             f"training with a custom loop: {epochs_text(job.train.epochs)} x {data.steps_per_epoch} steps "
             f"({per_call.text(job.train.steps_per_loop, n)}), global batch {data.global_batch_size} over "
-            f"{job.replicas} replica(s){accumulation_text(job.train)}{xla.text(job, self.xla_call)}"
+            f"{job.replicas} replica(s){accumulation_text(job.train)}{xla.text(job, self.xla_call, custom_loop=True)}"
         )
         self.steps = {}  # tf.constant per call length, made once
         self.out = None

@@ -90,6 +90,8 @@ def test_mwms_workers_agree_and_match_a_single_process(runs, runner, executor):
     last = result.output.strip().splitlines()[-1]  # said once, by the launcher, after the run ended
     assert f"outputs in {result.run_dir}; MLflow run {run.info.run_id} in experiment" in last, result.output[-800:]
     assert sum("; MLflow run " in line for line in result.output.splitlines()) == 1
+    if executor == "custom_loop":  # train.jit_compile=true: what XLA compiles across workers
+        assert "over 2 replica(s), XLA: each replica's forward and backward pass" in result.output, result.output[-3000:]
     progress = re.findall(r"^\[(worker:\d)\].* epoch \d+/\d+ step \d+/\d+", result.output, re.M)
     assert progress and set(progress) == {"worker:0"}, result.output[-3000:]  # the cluster's progress, said once
 

@@ -59,3 +59,24 @@ def test_a_block_is_a_calls_steps_unless_their_indices_outgrow_the_cap():
 
     assert block_steps(10, 256) == 10 and block_steps(1, 1 << 30) == 1
     assert block_steps(100_000, 1024) * 1024 * 8 <= BLOCK_BYTES < (block_steps(100_000, 1024) + 1) * 1024 * 8
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    rows=st.integers(3, 40),
+    batch=st.integers(1, 9),
+    done=st.integers(0, 30),
+    block=st.integers(1, 7),
+    calls=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+)
+def test_xlas_calls_take_the_pipelines_row_batches_whatever_their_length(rows, batch, done, block, calls):
+    """train.jit_compile's whole call (resident.Calls): calls shorter and longer than a block, and spanning blocks,
+    hand over the same row batches as the pipeline, in order."""
+    from runner.executors.resident import Calls
+
+    data = _data(rows, max(1, min(batch, rows)), True, 10, False)
+    calls_of = Calls(data, block)
+    calls_of.begin(done)
+    got = np.concatenate([calls_of.take(n).numpy() for n in calls])
+    expected = np.stack([r.numpy() for r in calls_of.rows(done).take(sum(calls))])
+    np.testing.assert_array_equal(got, expected)
