@@ -256,7 +256,8 @@ def main(cfg: DictConfig) -> float | None:
         run(cfg)
     except Stopped as err:
         launched = os.environ.get(contract.ATTACH_RUN)  # a task of cluster=localhost: the launcher says what to do next
-        hint = f" Continue with: python -m runner resume={cfg.output_dir}" if cfg.output_dir and not launched else ""
+        continued = cfg.output_dir and layout.is_run_dir(cfg.output_dir, layout.checkpoint_dir(cfg))  # else nothing to continue
+        hint = f" Continue with: python -m runner resume={cfg.output_dir}" if continued and not launched else ""
         marked = " The MLflow run is marked KILLED." if cfg.mlflow.enabled and not launched else ""
         said = str(err).rstrip(".")  # "stopped by SIGINT" (outside the steps) ends with no period of its own
         print(redact(f"Stopped: {said}.{marked}{hint}"), file=sys.stderr)

@@ -122,6 +122,7 @@ def run_experiment(cfg: DictConfig, chosen=None) -> dict:
             step, kept = getattr(run, "last_step", None), _checkpoints_of(cfg)
             told = _told(
                 err,
+                stopping.wrapped,
                 lambda e: xla.refused(e, cfg, trained=phases.trained()),
                 lambda e: peers.lost_peer(e, cluster.task, cluster.jobs, cfg.output_dir, kept),
                 lambda e: faults.damaged_data(e, cfg.data, step, cfg.output_dir, kept),

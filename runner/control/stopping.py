@@ -50,7 +50,19 @@ def _on_signal(signum, frame):
         agreed = " every worker agrees on (within seconds)" if _agreeing.is_set() else ""
         log.warning("%s %s%s, after a checkpoint (send it again to stop at once)", name, NOTICE, agreed)
         return
+    _raised.append(signum)
     raise Stopped(signum, f"stopped by {name}")
+
+
+_raised: list[int] = []  # signals whose Stopped was raised from the handler, wherever the main thread was
+
+
+def wrapped(err: BaseException) -> "Stopped | None":
+    """The stop behind `err`: a Stopped raised from the handler while TensorFlow traced a function comes back as
+    TensorFlow's own error (AutoGraph catches it, then fails on the unconverted code), often without it in its chain."""
+    if not _raised or isinstance(err, RunnerError):
+        return None
+    return Stopped(_raised[-1], f"stopped by {signal.Signals(_raised[-1]).name}")
 
 
 def install() -> None:
