@@ -624,8 +624,7 @@ def run_fit(job: Job) -> Result:
         per_call.text(job.train.steps_per_execution, per_execution),
         data.global_batch_size,
         spread,
-        accumulation_text(job.train)
-        + (xla.text(job, _whole_call_xla(job, stepwise), custom_loop=False) if tf_keras_model else ""),
+        accumulation_text(job.train) + xla.text(job, _whole_call_xla(job, stepwise), custom_loop=False),
     )
 
     from runner.executors.user_callbacks import build_callbacks
