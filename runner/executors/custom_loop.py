@@ -10,14 +10,7 @@ parameter_server the coordinator's inner loop is runner.executors.ps_loop.
 from runner.builders.metrics import build_own, per_replica, reset, results
 from runner.control import teardown
 from runner.executors import loop, per_call, resident, xla
-from runner.executors.base import (
-    Job,
-    Result,
-    accumulation_text,
-    concrete_per_iterator,
-    epochs_text,
-    replica_metrics,
-)
+from runner.executors.base import Job, Result, accumulation_text, concrete_per_iterator, epochs_text, replica_metrics
 from runner.executors.evaluation import make_evaluator
 from runner.executors.replica_losses import WorkerTable
 from runner.executors.replica_step import make_replica_step

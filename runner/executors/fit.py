@@ -233,7 +233,7 @@ def _replica_loss_model(
                 parts = tf.split(row, [s.num_elements() for s in shapes]) if shapes else []
                 return nest.pack_sequence_as(logs, [tf.reshape(p, s) for p, s in zip(parts, shapes)])
 
-            most = getattr(self, tf_private.STEPS_PER_EXECUTION).numpy().item()
+            most = blocks.block if blocks is not None else 0  # a block is a call's steps (the XLA call is capped to it)
 
             @tf.function(jit_compile=True)
             def xla_steps(rows, n):

@@ -63,20 +63,17 @@ class Blocks(Resident):
         self.held = tf.Variable(tf.zeros([block, data.global_batch_size], tf.int64), trainable=False)
         self.at = tf.Variable(block, trainable=False)  # the next step's row batch in `held`; block: none left
         self.take = tf.autograph.experimental.do_not_convert(self._take)
+        self.take_rows = tf.autograph.experimental.do_not_convert(self._take_rows)
 
     def iterator(self, done_steps: int):
         self.at.assign(self.block)
         return iter(self.rows(done_steps, self.block))
 
     def _take(self, iterator):
-        return self.gather(self.take_rows(iterator))
-
-    @property
-    def take_rows(self):
-        """The next step's row batch, ungathered (fit's XLA call gathers inside the compiled part)."""
-        return self.tf.autograph.experimental.do_not_convert(self._take_rows)
+        return self.gather(self._take_rows(iterator))
 
     def _take_rows(self, iterator):
+        """The next step's row batch, ungathered (fit's XLA call gathers inside the compiled part)."""
         tf = self.tf
 
         def refill():
